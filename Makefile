@@ -1,0 +1,38 @@
+# Developer entry points. `make demo` and `make test` are the README's two commands: each
+# sets up what it needs (virtualenv, Go-built control plane, helm, Prometheus) on a fresh
+# machine and reuses the caches on later runs.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+
+.PHONY: venv test unit lint fmt crds demo bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@echo "[setup] creating $(VENV) and installing tpu-operator with its dev extras"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+# The whole suite: lint, unit, integration (local control plane, real JAX processes)
+# and end-to-end (helm chart, operator, workers, Prometheus).
+test: venv
+	bash scripts/test.sh
+
+unit: venv
+	$(BIN)/pytest -m unit -q
+
+lint: venv
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+fmt: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .localcluster .demo
