@@ -1,0 +1,1 @@
+"""Pure builders: spec in, Kubernetes object dicts out. No I/O, no cluster needed."""

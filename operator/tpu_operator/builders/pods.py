@@ -1,0 +1,191 @@
+"""Build one worker pod from a slice's template and its wiring (pure: dicts in, dict out).
+
+Merge rules between the user's pod template and what the operator sets:
+
+- Identity and wiring are the operator's: name, ``hostname`` (= pod name), ``subdomain``
+  (the headless Service), ``restartPolicy: Never``, owner reference, and the labels
+  ``tpu-operator.dev/*`` (template labels are kept beside them).
+- Node selectors merge: the operator's keys (accelerator, topology, node pool, spot,
+  reservation) win, other template keys stay.
+- Tolerations: the template's are kept; the TPU taint toleration is added, and NoExecute
+  tolerations for ``node.kubernetes.io/not-ready`` and ``unreachable`` with the failure
+  policy's ``nodeNotReadyTimeoutSeconds`` are added unless the template tolerates those.
+- The container named ``worker`` gets ``google.com/tpu`` requests = limits = chips per VM
+  (overriding the template), the contract env first, then the template's env (a template
+  entry with a contract name replaces the operator's value, except the per-pod identity
+  names, which the CRD forbids in templates), and the named ports ``coordinator`` and
+  ``metrics`` unless the template already declares those names or port numbers.
+- With ``hostNetwork: true`` the DNS policy defaults to ``ClusterFirstWithHostNet``.
+- Everything else in the template (other containers, volumes, service account, affinity,
+  priority, scheduler name, grace period ...) passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpu_operator import contract
+from tpu_operator.builders.wiring import PodWiring, contract_env
+
+NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The object that owns (and garbage-collects) a child."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    """Node constraints of a slice's pods."""
+
+    node_pool: str | None = None
+    spot: bool | None = None
+    reservation: str | None = None
+    extra_selector: dict[str, str] = field(default_factory=dict)
+    not_ready_timeout_seconds: int = 60
+
+    def node_selector(self, wiring: PodWiring) -> dict[str, str]:
+        selector = dict(self.extra_selector)
+        selector[contract.NODE_LABEL_ACCELERATOR] = wiring.shape.accelerator
+        selector[contract.NODE_LABEL_TOPOLOGY] = wiring.shape.topology
+        if self.node_pool:
+            selector[contract.NODE_LABEL_NODEPOOL] = self.node_pool
+        if self.spot is not None:
+            selector[contract.NODE_LABEL_SPOT] = "true" if self.spot else "false"
+        if self.reservation:
+            selector[contract.NODE_LABEL_RESERVATION] = self.reservation
+        return selector
+
+
+def pod_labels(wiring: PodWiring, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Labels of a worker pod: job, slice, indices, attempt (plus passed-through labels)."""
+    labels = dict(extra or {})
+    labels.update(
+        {
+            contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE,
+            contract.LABEL_JOB_NAME: wiring.job_name,
+            contract.LABEL_SLICE_NAME: wiring.slice_name,
+            contract.LABEL_SLICE_INDEX: str(wiring.slice_index),
+            contract.LABEL_WORKER_INDEX: str(wiring.worker_index),
+            contract.LABEL_RESTART_ATTEMPT: str(wiring.attempt),
+        }
+    )
+    return labels
+
+
+def _tolerations(existing: list[dict[str, Any]], timeout: int) -> list[dict[str, Any]]:
+    tolerations = list(existing)
+    tolerates_tpu = any(
+        t.get("key") == contract.TPU_TAINT_KEY
+        and t.get("effect") in (None, "", contract.TPU_TAINT_EFFECT)
+        for t in tolerations
+    ) or any(t.get("operator") == "Exists" and not t.get("key") for t in tolerations)
+    if not tolerates_tpu:
+        tolerations.append(
+            {
+                "key": contract.TPU_TAINT_KEY,
+                "operator": "Equal",
+                "value": contract.TPU_TAINT_VALUE,
+                "effect": contract.TPU_TAINT_EFFECT,
+            }
+        )
+    for key in NOT_READY_TAINTS:
+        if not any(t.get("key") == key for t in tolerations):
+            tolerations.append(
+                {
+                    "key": key,
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": timeout,
+                }
+            )
+    return tolerations
+
+
+def _merge_env(operator_env: list[dict[str, Any]], template_env: list[dict[str, Any]]):
+    overridden = {e.get("name") for e in template_env}
+    return [e for e in operator_env if e["name"] not in overridden] + list(template_env)
+
+
+def _merge_ports(container: dict[str, Any], wiring: PodWiring) -> list[dict[str, Any]]:
+    ports = list(container.get("ports") or [])
+    names = {p.get("name") for p in ports}
+    numbers = {p.get("containerPort") for p in ports}
+    wanted = (
+        (contract.PORT_NAME_COORDINATOR, wiring.ports.coordinator),
+        (contract.PORT_NAME_METRICS, wiring.ports.metrics),
+    )
+    for name, number in wanted:
+        if name not in names and number not in numbers:
+            ports.append({"name": name, "containerPort": number, "protocol": "TCP"})
+    return ports
+
+
+def _worker_container(container: dict[str, Any], wiring: PodWiring) -> dict[str, Any]:
+    worker = copy.deepcopy(container)
+    chips = str(wiring.shape.chips_per_host)
+    resources = worker.setdefault("resources", {})
+    resources.setdefault("requests", {})[contract.TPU_RESOURCE] = chips
+    resources.setdefault("limits", {})[contract.TPU_RESOURCE] = chips
+    worker["env"] = _merge_env(contract_env(wiring), list(worker.get("env") or []))
+    worker["ports"] = _merge_ports(worker, wiring)
+    return worker
+
+
+def worker_pod(
+    *,
+    namespace: str,
+    wiring: PodWiring,
+    template: dict[str, Any],
+    owner: Owner,
+    placement: NodePlacement,
+    extra_labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The full Pod object for one worker of one attempt."""
+    template_meta = template.get("metadata") or {}
+    spec = copy.deepcopy(template.get("spec") or {})
+    labels = dict(template_meta.get("labels") or {})
+    labels.update(pod_labels(wiring, extra_labels))
+    metadata: dict[str, Any] = {
+        "name": wiring.pod_name,
+        "namespace": namespace,
+        "labels": labels,
+        "ownerReferences": [owner.reference()],
+    }
+    if template_meta.get("annotations"):
+        metadata["annotations"] = dict(template_meta["annotations"])
+
+    spec["hostname"] = wiring.pod_name
+    spec["subdomain"] = wiring.service
+    spec["restartPolicy"] = "Never"
+    selector = dict(spec.get("nodeSelector") or {})
+    selector.update(placement.node_selector(wiring))
+    spec["nodeSelector"] = selector
+    spec["tolerations"] = _tolerations(
+        list(spec.get("tolerations") or []), placement.not_ready_timeout_seconds
+    )
+    spec["containers"] = [
+        _worker_container(c, wiring) if c.get("name") == contract.WORKER_CONTAINER else c
+        for c in spec.get("containers") or []
+    ]
+    if spec.get("hostNetwork"):
+        spec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

@@ -1,0 +1,85 @@
+"""Build the TPUSlices of a TPUJob (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpu_operator import contract
+from tpu_operator.builders.pods import Owner
+
+
+def job_slice(
+    *,
+    job_name: str,
+    namespace: str,
+    job_spec: dict[str, Any],
+    index: int,
+    attempt: int,
+    owner: Owner,
+    node_pool: str | None,
+    not_before: str | None,
+    suspend: bool,
+    extra_labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """TPUSlice ``index`` of a job, as the job wants it for ``attempt``.
+
+    ``job_spec`` is the job's spec as stored (camelCase); the shape, template, placement
+    and ports are copied verbatim so the slice builds its pods from the same source.
+    """
+    name = contract.slice_name(job_name, index)
+    spec: dict[str, Any] = {
+        **{k: v for k, v in job_spec["slice"].items() if v is not None},
+        "template": job_spec["template"],
+        "jobName": job_name,
+        "service": job_name,
+        "sliceIndex": index,
+        "numSlices": job_spec.get("numSlices", 1),
+        "attempt": attempt,
+        "suspend": suspend,
+    }
+    for key in ("placement", "ports"):
+        if job_spec.get(key) is not None:
+            spec[key] = job_spec[key]
+    failure_policy = job_spec.get("failurePolicy") or {}
+    if "nodeNotReadyTimeoutSeconds" in failure_policy:
+        # Only the pods' toleration timeout matters to a job-owned slice; restarts are the
+        # job's decision.
+        spec["failurePolicy"] = {
+            "nodeNotReadyTimeoutSeconds": failure_policy["nodeNotReadyTimeoutSeconds"]
+        }
+    if node_pool:
+        spec["nodePool"] = node_pool
+    if not_before:
+        spec["notBefore"] = not_before
+    labels = dict(extra_labels or {})
+    labels.update(
+        {
+            contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE,
+            contract.LABEL_JOB_NAME: job_name,
+            contract.LABEL_SLICE_INDEX: str(index),
+        }
+    )
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.SLICE_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": spec,
+    }
+
+
+def slice_patch(desired: dict[str, Any], current: dict[str, Any]) -> dict[str, Any] | None:
+    """Merge patch bringing an existing slice's job-managed fields to ``desired``.
+
+    Only the fields the job manages at run time (attempt, backoff, suspension, node pool)
+    are compared; the shape and template of a running slice are not rewritten.
+    """
+    fields = ("attempt", "notBefore", "suspend", "nodePool")
+    want = desired["spec"]
+    have = current.get("spec") or {}
+    changes = {k: want.get(k) for k in fields if want.get(k) != have.get(k)}
+    return {"spec": changes} if changes else None

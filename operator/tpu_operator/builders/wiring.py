@@ -1,0 +1,138 @@
+"""How one worker pod is wired into its job: identity, peers and the contract env.
+
+``PodWiring`` holds everything that differs between the pods of a job; ``contract_env``
+turns it into the env list of the pod contract (see ``tpu_operator.contract``). The
+worker tests build their process env with this same function, so the operator and the
+worker can never disagree on names or values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpu_operator import contract
+from tpu_operator.catalog import SliceShape
+
+
+@dataclass(frozen=True)
+class Ports:
+    coordinator: int = contract.DEFAULT_COORDINATOR_PORT
+    megascale: int = contract.DEFAULT_MEGASCALE_PORT
+    metrics: int = contract.DEFAULT_METRICS_PORT
+
+
+@dataclass(frozen=True)
+class PodWiring:
+    """Where one worker sits in its job."""
+
+    job_name: str  # the job (or standalone slice) the gang belongs to
+    service: str  # headless Service that gives pods their DNS names
+    slice_name: str
+    shape: SliceShape
+    num_slices: int
+    slice_index: int
+    worker_index: int
+    attempt: int
+    ports: Ports = Ports()
+    # Name of slice i of the gang; defaults to contract.slice_name(job_name, i).
+    slice_names: tuple[str, ...] = ()
+
+    @property
+    def pod_name(self) -> str:
+        return contract.pod_name(self.slice_name, self.worker_index)
+
+    def slice_name_of(self, index: int) -> str:
+        if self.slice_names:
+            return self.slice_names[index]
+        return contract.slice_name(self.job_name, index)
+
+    def hostnames(self) -> list[str]:
+        """DNS names of this slice's workers, ordered by worker id."""
+        return [
+            contract.pod_dns_name(contract.pod_name(self.slice_name, w), self.service)
+            for w in range(self.shape.hosts)
+        ]
+
+    @property
+    def leader_host(self) -> str:
+        """DNS name of slice 0 worker 0: the JAX and Megascale coordinator."""
+        return contract.pod_dns_name(contract.pod_name(self.slice_name_of(0), 0), self.service)
+
+    @property
+    def process_id(self) -> int:
+        return contract.global_process_id(self.slice_index, self.shape.hosts, self.worker_index)
+
+    @property
+    def num_processes(self) -> int:
+        return self.num_slices * self.shape.hosts
+
+
+def _value(name: str, value: object) -> dict[str, object]:
+    return {"name": name, "value": str(value)}
+
+
+def _field(name: str, path: str) -> dict[str, object]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def contract_env(wiring: PodWiring) -> list[dict[str, object]]:
+    """The pod contract's env for one worker, in a stable order."""
+    shape = wiring.shape
+    env = [
+        _value(contract.ENV_TPU_WORKER_ID, wiring.worker_index),
+        _value(contract.ENV_TPU_WORKER_HOSTNAMES, ",".join(wiring.hostnames())),
+        _value(contract.ENV_TPU_SKIP_MDS_QUERY, "true"),
+        _value(contract.ENV_TPU_ACCELERATOR_TYPE, shape.short_type),
+        _value(contract.ENV_TPU_TOPOLOGY, shape.topology),
+    ]
+    if wiring.num_slices > 1:
+        env += [
+            _value(contract.ENV_MEGASCALE_NUM_SLICES, wiring.num_slices),
+            _value(contract.ENV_MEGASCALE_SLICE_ID, wiring.slice_index),
+            _value(contract.ENV_MEGASCALE_COORDINATOR_ADDRESS, wiring.leader_host),
+            _value(contract.ENV_MEGASCALE_PORT, wiring.ports.megascale),
+        ]
+    env += [
+        _value(
+            contract.ENV_JAX_COORDINATOR_ADDRESS,
+            f"{wiring.leader_host}:{wiring.ports.coordinator}",
+        ),
+        _value(contract.ENV_PROCESS_ID, wiring.process_id),
+        _value(contract.ENV_NUM_PROCESSES, wiring.num_processes),
+        _value(contract.ENV_JOB_NAME, wiring.job_name),
+        _value(contract.ENV_SLICE_INDEX, wiring.slice_index),
+        _value(contract.ENV_NUM_SLICES, wiring.num_slices),
+        _value(contract.ENV_HOSTS_PER_SLICE, shape.hosts),
+        _value(contract.ENV_CHIPS_PER_HOST, shape.chips_per_host),
+        _value(contract.ENV_RESTART_ATTEMPT, wiring.attempt),
+        _value(contract.ENV_COORDINATOR_PORT, wiring.ports.coordinator),
+        _value(contract.ENV_METRICS_PORT, wiring.ports.metrics),
+        _field(contract.ENV_POD_NAME, "metadata.name"),
+        _field(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
+        _field(contract.ENV_POD_IP, "status.podIP"),
+        _field(contract.ENV_NODE_NAME, "spec.nodeName"),
+    ]
+    return env
+
+
+def resolved_env(wiring: PodWiring, pod_ip: str, namespace: str = "default") -> dict[str, str]:
+    """The contract env as a process would see it (downward-API fields filled in).
+
+    For running workers outside Kubernetes (tests, benchmarks) with exactly the env the
+    operator gives a pod.
+    """
+    fields = {
+        "metadata.name": wiring.pod_name,
+        "metadata.namespace": namespace,
+        "status.podIP": pod_ip,
+        "spec.nodeName": f"local-{wiring.slice_name}-{wiring.worker_index}",
+    }
+    resolved: dict[str, str] = {}
+    for item in contract_env(wiring):
+        if "value" in item:
+            resolved[str(item["name"])] = str(item["value"])
+        else:
+            source = item["valueFrom"]
+            assert isinstance(source, dict)
+            resolved[str(item["name"])] = fields[source["fieldRef"]["fieldPath"]]
+    return resolved

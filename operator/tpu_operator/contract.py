@@ -1,0 +1,152 @@
+"""The pod contract: every name the operator writes into a worker pod and the worker reads.
+
+The operator (pod builder) and the in-pod worker (``tpu_worker``) both import this module,
+so a label, annotation, env var or port is spelled in exactly one place. Keep this module
+free of heavy imports: it is loaded at start-up of every worker process.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "tpu-operator.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+JOB_KIND: Final = "TPUJob"
+JOB_PLURAL: Final = "tpujobs"
+SLICE_KIND: Final = "TPUSlice"
+SLICE_PLURAL: Final = "tpuslices"
+CATEGORY: Final = "tpu"
+
+# Labels on TPUSlices and worker pods. Values are always valid label values.
+PREFIX: Final = f"{GROUP}/"
+LABEL_JOB_NAME: Final = PREFIX + "job-name"
+LABEL_SLICE_NAME: Final = PREFIX + "slice-name"
+LABEL_SLICE_INDEX: Final = PREFIX + "slice-index"
+LABEL_WORKER_INDEX: Final = PREFIX + "worker-index"
+LABEL_RESTART_ATTEMPT: Final = PREFIX + "restart-attempt"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE: Final = "tpu-operator"
+# Kueue's queue label: copied from a TPUJob onto its TPUSlices and pods unchanged.
+LABEL_KUEUE_QUEUE: Final = "kueue.x-k8s.io/queue-name"
+
+# GKE node facts (node labels, extended resource, taint).
+NODE_LABEL_ACCELERATOR: Final = "cloud.google.com/gke-tpu-accelerator"
+NODE_LABEL_TOPOLOGY: Final = "cloud.google.com/gke-tpu-topology"
+NODE_LABEL_NODEPOOL: Final = "cloud.google.com/gke-nodepool"
+NODE_LABEL_SPOT: Final = "cloud.google.com/gke-spot"
+NODE_LABEL_RESERVATION: Final = "cloud.google.com/reservation-name"
+TPU_RESOURCE: Final = "google.com/tpu"
+TPU_TAINT_KEY: Final = "google.com/tpu"
+TPU_TAINT_VALUE: Final = "present"
+TPU_TAINT_EFFECT: Final = "NoSchedule"
+
+# The container that runs JAX and receives the TPU chips and the contract env.
+WORKER_CONTAINER: Final = "worker"
+PORT_NAME_COORDINATOR: Final = "coordinator"
+PORT_NAME_METRICS: Final = "metrics"
+
+# Env vars GKE's TPU tooling and libtpu read (GKE injects the first two only for Indexed Jobs).
+ENV_TPU_WORKER_ID: Final = "TPU_WORKER_ID"
+ENV_TPU_WORKER_HOSTNAMES: Final = "TPU_WORKER_HOSTNAMES"
+ENV_TPU_SKIP_MDS_QUERY: Final = "TPU_SKIP_MDS_QUERY"
+ENV_TPU_ACCELERATOR_TYPE: Final = "TPU_ACCELERATOR_TYPE"
+ENV_TPU_TOPOLOGY: Final = "TPU_TOPOLOGY"
+# Multislice (Megascale) wiring, set only when numSlices > 1.
+ENV_MEGASCALE_NUM_SLICES: Final = "MEGASCALE_NUM_SLICES"
+ENV_MEGASCALE_SLICE_ID: Final = "MEGASCALE_SLICE_ID"
+ENV_MEGASCALE_COORDINATOR_ADDRESS: Final = "MEGASCALE_COORDINATOR_ADDRESS"
+ENV_MEGASCALE_PORT: Final = "MEGASCALE_PORT"
+# JAX reads the coordinator address; process id and count are this project's names and
+# are what the worker passes to jax.distributed.initialize off TPU.
+ENV_JAX_COORDINATOR_ADDRESS: Final = "JAX_COORDINATOR_ADDRESS"
+ENV_PROCESS_ID: Final = "TPU_OPERATOR_PROCESS_ID"
+ENV_NUM_PROCESSES: Final = "TPU_OPERATOR_NUM_PROCESSES"
+# This project's identity and wiring variables.
+ENV_JOB_NAME: Final = "TPU_OPERATOR_JOB_NAME"
+ENV_SLICE_INDEX: Final = "TPU_OPERATOR_SLICE_INDEX"
+ENV_NUM_SLICES: Final = "TPU_OPERATOR_NUM_SLICES"
+ENV_HOSTS_PER_SLICE: Final = "TPU_OPERATOR_HOSTS_PER_SLICE"
+ENV_CHIPS_PER_HOST: Final = "TPU_OPERATOR_CHIPS_PER_HOST"
+ENV_RESTART_ATTEMPT: Final = "TPU_OPERATOR_RESTART_ATTEMPT"
+ENV_METRICS_PORT: Final = "TPU_OPERATOR_METRICS_PORT"
+ENV_COORDINATOR_PORT: Final = "TPU_OPERATOR_COORDINATOR_PORT"
+# Filled by the downward API.
+ENV_POD_NAME: Final = "TPU_OPERATOR_POD_NAME"
+ENV_POD_NAMESPACE: Final = "TPU_OPERATOR_POD_NAMESPACE"
+ENV_POD_IP: Final = "TPU_OPERATOR_POD_IP"
+ENV_NODE_NAME: Final = "TPU_OPERATOR_NODE_NAME"
+
+# Env names that identify one pod. A template shared by every pod cannot know them, so the
+# API rejects a template that sets them; every other contract name may be overridden.
+IDENTITY_ENV: Final = (
+    ENV_TPU_WORKER_ID,
+    ENV_TPU_WORKER_HOSTNAMES,
+    ENV_MEGASCALE_SLICE_ID,
+    ENV_MEGASCALE_NUM_SLICES,
+    ENV_PROCESS_ID,
+    ENV_NUM_PROCESSES,
+    ENV_SLICE_INDEX,
+    ENV_NUM_SLICES,
+    ENV_RESTART_ATTEMPT,
+)
+
+# Ports. JAX >= 0.8.1 uses 8482 for its coordinator on TPU. libtpu and GKE own the
+# RESERVED_PORTS; the worker metrics port must stay clear of them (pods may use hostNetwork).
+DEFAULT_COORDINATOR_PORT: Final = 8482
+DEFAULT_MEGASCALE_PORT: Final = 8080
+DEFAULT_METRICS_PORT: Final = 9431
+RESERVED_PORTS: Final = frozenset({*range(8431, 8439), 8471, 8476, 8080, 8482, 2112})
+
+# Exit code the worker uses for "retry me": watchdog stall, SIGTERM (preemption,
+# maintenance). EX_TEMPFAIL from sysexits.h. The default failure policy restarts on it.
+EXIT_RETRYABLE: Final = 75
+# Exit code for a rendezvous that did not complete within its timeout.
+EXIT_RENDEZVOUS_FAILED: Final = 76
+
+
+def pod_name(slice_name: str, worker_index: int) -> str:
+    """Name (and hostname) of worker ``worker_index`` of a slice."""
+    return f"{slice_name}-{worker_index}"
+
+
+def slice_name(job_name: str, slice_index: int) -> str:
+    """Name of slice ``slice_index`` of a TPUJob."""
+    return f"{job_name}-{slice_index}"
+
+
+def pod_dns_name(pod: str, service: str) -> str:
+    """The stable DNS name of a worker pod behind the job's headless Service."""
+    return f"{pod}.{service}"
+
+
+def global_process_id(slice_index: int, hosts_per_slice: int, worker_index: int) -> int:
+    """JAX process id of a worker: slice id * hosts per slice + worker id."""
+    return slice_index * hosts_per_slice + worker_index
+
+
+# Worker
+# Settings of the in-pod worker (``tpu_worker``). The operator does not have to set any of
+# them (each has a default); a TPUJob template may. Each one also has a ``tpu-worker`` flag.
+ENV_WORKER_INIT_TIMEOUT: Final = "TPU_WORKER_INIT_TIMEOUT_SECONDS"
+ENV_WORKER_HEARTBEAT_TIMEOUT: Final = "TPU_WORKER_HEARTBEAT_TIMEOUT_SECONDS"
+ENV_WORKER_WATCHDOG_K: Final = "TPU_WORKER_WATCHDOG_K"
+ENV_WORKER_WATCHDOG_FLOOR: Final = "TPU_WORKER_WATCHDOG_FLOOR_SECONDS"
+ENV_WORKER_TERMINATION_GRACE: Final = "TPU_WORKER_TERMINATION_GRACE_SECONDS"
+ENV_WORKER_METRICS_LINGER: Final = "TPU_WORKER_METRICS_LINGER_SECONDS"
+ENV_WORKER_CPU_PEAK_FLOPS: Final = "TPU_WORKER_CPU_PEAK_FLOPS_PER_DEVICE"
+ENV_WORKER_CLUSTER_MODE: Final = "TPU_WORKER_CLUSTER_MODE"
+# Test hooks of the built-in demo (``tpu-worker demo``): fault injection for tests of the
+# worker and the operator. A list of processes is comma-separated global process ids;
+# unset means every process.
+ENV_DEMO_HANG_AT_STEP: Final = "TPU_WORKER_DEMO_HANG_AT_STEP"
+ENV_DEMO_HANG_PROCESSES: Final = "TPU_WORKER_DEMO_HANG_PROCESSES"
+ENV_DEMO_STEP_SLEEP: Final = "TPU_WORKER_DEMO_STEP_SLEEP_SECONDS"
+ENV_DEMO_SLOW_PROCESSES: Final = "TPU_WORKER_DEMO_SLOW_PROCESSES"
+ENV_DEMO_SLOW_SECONDS: Final = "TPU_WORKER_DEMO_SLOW_SECONDS"
+ENV_DEMO_EXIT_AT_STEP: Final = "TPU_WORKER_DEMO_EXIT_AT_STEP"
+ENV_DEMO_EXIT_CODE: Final = "TPU_WORKER_DEMO_EXIT_CODE"
+ENV_DEMO_EXIT_PROCESSES: Final = "TPU_WORKER_DEMO_EXIT_PROCESSES"
+# Exit code for a pod env that breaks the contract or a worker setting that is invalid
+# (EX_CONFIG from sysexits.h): a restart cannot fix it.
+EXIT_CONFIG_ERROR: Final = 78

@@ -1,0 +1,96 @@
+"""Accelerator catalog: every generation, short types, host and chip arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpu_operator import catalog
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("short", "accelerator", "topology", "chips", "hosts", "chips_per_host"),
+    [
+        ("v4-8", "tpu-v4-podslice", "2x2x1", 4, 1, 4),
+        ("v4-16", "tpu-v4-podslice", "2x2x2", 8, 2, 4),
+        ("v4-128", "tpu-v4-podslice", "4x4x4", 64, 16, 4),
+        ("v5litepod-1", "tpu-v5-lite-podslice", "1x1", 1, 1, 1),
+        ("v5litepod-4", "tpu-v5-lite-podslice", "2x2", 4, 1, 4),
+        ("v5litepod-8", "tpu-v5-lite-podslice", "2x4", 8, 1, 8),
+        ("v5litepod-16", "tpu-v5-lite-podslice", "4x4", 16, 4, 4),
+        ("v5litepod-256", "tpu-v5-lite-podslice", "16x16", 256, 64, 4),
+        ("v5e-16", "tpu-v5-lite-podslice", "4x4", 16, 4, 4),
+        ("v5p-8", "tpu-v5p-slice", "2x2x1", 4, 1, 4),
+        ("v5p-128", "tpu-v5p-slice", "4x4x4", 64, 16, 4),
+        ("v5p-2048", "tpu-v5p-slice", "8x8x16", 1024, 256, 4),
+        ("v5p-12288", "tpu-v5p-slice", "16x16x24", 6144, 1536, 4),
+        ("v6e-1", "tpu-v6e-slice", "1x1", 1, 1, 1),
+        ("v6e-16", "tpu-v6e-slice", "4x4", 16, 4, 4),
+        ("v6e-256", "tpu-v6e-slice", "16x16", 256, 64, 4),
+        ("tpu7x-8", "tpu7x", "2x2x1", 4, 1, 4),
+        ("tpu7x-128", "tpu7x", "4x4x4", 64, 16, 4),
+    ],
+)
+def test_short_types_resolve(short, accelerator, topology, chips, hosts, chips_per_host):
+    shape = catalog.from_short_type(short)
+    assert (shape.accelerator, shape.topology) == (accelerator, topology)
+    assert (shape.chips, shape.hosts, shape.chips_per_host) == (chips, hosts, chips_per_host)
+    assert shape.multi_host == (hosts > 1)
+
+
+@pytest.mark.parametrize("generation", catalog.GENERATIONS, ids=lambda g: g.name)
+def test_every_default_topology_is_valid_and_round_trips(generation):
+    valid = set(catalog.valid_topologies(generation))
+    for chips, topology in generation.default_topology.items():
+        assert topology in valid
+        shape = catalog.shape(generation.accelerator, topology)
+        assert shape.chips == chips
+        # the short type names the shape it came from
+        assert catalog.from_short_type(shape.short_type).topology == topology
+
+
+def test_short_types_count_tensorcores_or_chips():
+    assert catalog.shape("tpu-v5p-slice", "4x4x4").short_type == "v5p-128"
+    assert catalog.shape("tpu-v4-podslice", "2x2x2").short_type == "v4-16"
+    assert catalog.shape("tpu-v5-lite-podslice", "4x4").short_type == "v5litepod-16"
+    assert catalog.shape("tpu-v6e-slice", "8x16").short_type == "v6e-128"
+    assert catalog.shape("tpu7x", "2x2x2").short_type == "tpu7x-16"
+
+
+def test_v5e_and_v6e_2x4_run_on_one_or_two_vms():
+    single = catalog.shape("tpu-v6e-slice", "2x4")
+    double = catalog.shape("tpu-v6e-slice", "2x4", chips_per_host=4)
+    assert (single.hosts, single.chips_per_host) == (1, 8)
+    assert (double.hosts, double.chips_per_host) == (2, 4)
+    with pytest.raises(catalog.CatalogError, match=r"chipsPerHost 8 is not valid .* valid: 4"):
+        catalog.shape("tpu-v6e-slice", "4x4", chips_per_host=8)
+
+
+def test_cube_rule_topologies():
+    v5p = catalog.BY_NAME["v5p"]
+    valid = catalog.valid_topologies(v5p)
+    assert {"4x4x8", "8x8x16", "16x16x24", "12x24x24"} <= set(valid)
+    assert "8x4x4" not in valid  # A<=B<=C
+    assert "4x4x6" not in valid  # multiples of 4
+    assert all(catalog._chips(t) <= 140 * 64 for t in valid)
+    v4 = catalog.BY_NAME["v4"]
+    assert max(catalog._chips(t) for t in catalog.valid_topologies(v4)) == 4096
+
+
+def test_errors_name_the_valid_choices():
+    with pytest.raises(catalog.CatalogError) as bad_topology:
+        catalog.shape("tpu-v5-lite-podslice", "3x3")
+    assert "1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16" in str(bad_topology.value)
+    with pytest.raises(catalog.CatalogError, match="nearest: v5p-64, v5p-128"):
+        catalog.from_short_type("v5p-100")
+    with pytest.raises(catalog.CatalogError, match="unknown accelerator 'tpu-v9'"):
+        catalog.shape("tpu-v9", "2x2")
+
+
+def test_peak_flops_by_device_kind():
+    assert catalog.peak_bf16_flops_per_device("TPU v5") == 459e12
+    assert catalog.peak_bf16_flops_per_device("TPU v5 lite") == 197e12
+    assert catalog.peak_bf16_flops_per_device("TPU7x") == 2307e12 / 2  # 2 devices per chip
+    assert catalog.peak_bf16_flops_per_device("cpu") is None
+    assert catalog.shape("tpu-v5p-slice", "4x4x4").peak_bf16_flops == 64 * 459e12
