@@ -1,0 +1,131 @@
+"""TPUJob: a JAX training job on one or more TPU slices (the TPUJob CRD's schema)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from tpu_operator.api.common import ApiModel, Condition, Failure, cel, rules
+from tpu_operator.api.policy import FailurePolicy, Placement, PortsSpec, SuccessPolicy
+from tpu_operator.api.shape import (
+    ShapeFields,
+    dns_label_rule,
+    hosts_expr,
+    name_rule,
+    shape_rules,
+    valid_shape_expr,
+)
+from tpu_operator.api.status import Phase, ResolvedShape
+from tpu_operator.api.template import PodTemplate
+
+
+class JobSliceSpec(ShapeFields):
+    """Shape of each slice of the job."""
+
+    model_config = {**ShapeFields.model_config, "json_schema_extra": rules(*shape_rules())}
+
+
+class TPUJobSpec(ApiModel):
+    """A training job: slice shape, number of slices, worker template and policies."""
+
+    model_config = {
+        **ApiModel.model_config,
+        "json_schema_extra": rules(
+            cel(
+                f"self.numSlices == 1 || !{valid_shape_expr('self.slice')} || "
+                f"{hosts_expr('self.slice')} > 1",
+                message_expression=(
+                    "'numSlices: multislice jobs need multi-host slices, and ' + "
+                    "(has(self.slice.type) ? self.slice.type : self.slice.accelerator + ' ' + "
+                    "self.slice.topology) + ' runs on a single host. Use numSlices: 1 or a "
+                    "multi-host shape such as v5p-16 or v5litepod-16'"
+                ),
+                field_path=".numSlices",
+            ),
+            cel(
+                "!has(self.placement) || !has(self.placement.nodePools) || "
+                "size(self.placement.nodePools) == self.numSlices",
+                message_expression=(
+                    "'placement.nodePools: pins one node pool per slice, so it needs ' + "
+                    "string(self.numSlices) + ' entries (numSlices), not ' + "
+                    "string(size(self.placement.nodePools))"
+                ),
+                field_path=".placement.nodePools",
+            ),
+        ),
+    }
+    slice: JobSliceSpec
+    """Shape of each slice: a short type (v5p-128) or accelerator and topology."""
+    num_slices: int = Field(default=1, ge=1, le=1024)
+    """Number of slices; more than one is a multislice job (Megascale over DCN)."""
+    template: PodTemplate
+    """Pod template of every worker; one container must be named "worker"."""
+    placement: Placement | None = None
+    failure_policy: FailurePolicy | None = None
+    success_policy: SuccessPolicy = "AllWorkers"
+    """AllWorkers: the job succeeds when every worker exits 0. LeaderWorker: when worker 0
+    of slice 0 exits 0 (the others are then stopped)."""
+    suspend: bool = False
+    """Suspend the job: its pods are deleted, the job is kept; false resumes it.
+    Kueue sets this field (label the job with kueue.x-k8s.io/queue-name)."""
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    """Fail the job (DeadlineExceeded) when it has been active this long."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """Delete the finished job (and its slices and pods) this long after it finished."""
+    ports: PortsSpec | None = None
+
+
+class SliceSummary(ApiModel):
+    index: int
+    name: str
+    phase: str
+    workers: int
+    ready_workers: int
+    node_pool: str | None = None
+
+
+class TPUJobStatus(ApiModel):
+    """Observed state of a TPUJob."""
+
+    phase: Phase = "Pending"
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+    attempt: int = 0
+    """Current attempt (1 for the first run; each gang restart adds one)."""
+    restarts: int = 0
+    """Gang restarts so far, counted or not."""
+    counted_restarts: int = 0
+    """Restarts counted against failurePolicy.maxRestarts."""
+    restarts_by_reason: dict[str, int] = Field(default_factory=dict)
+    ready: str = ""
+    """Ready workers of the current attempt, as ready/total."""
+    slices_ready: str = ""
+    """Slices whose workers are all ready, as ready/total."""
+    workers: int = 0
+    ready_workers: int = 0
+    slices: list[SliceSummary] = Field(default_factory=list)
+    shape: ResolvedShape | None = None
+    node_pools: list[str] | None = None
+    """Node pool held by each slice (multi-host slices), by slice index."""
+    start_time: str | None = None
+    completion_time: str | None = None
+    restart_at: str | None = None
+    """When the next attempt's pods may be created (restart backoff)."""
+    last_failure: Failure | None = None
+    message: str = ""
+    """What the job is doing or waiting for, in a sentence."""
+
+
+class TPUJobRoot(ApiModel):
+    """Rules evaluated at the object root (they need metadata.name)."""
+
+    model_config = {
+        **ApiModel.model_config,
+        "json_schema_extra": rules(
+            dns_label_rule("TPUJob"),
+            name_rule(
+                "self.spec.slice",
+                "1 + size(string(self.spec.numSlices - 1))",
+                "TPUJob",
+            ),
+        ),
+    }

@@ -1,0 +1,201 @@
+"""Slice shape fields (``type`` or ``accelerator`` + ``topology``) and their CEL rules.
+
+The rules are generated from the accelerator catalog, so ``kubectl apply`` rejects a shape
+the catalog does not know with a message naming the field and the valid choices, and the
+operator resolves the same fields with the same catalog (``resolve``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import Field
+
+from tpu_operator import catalog
+from tpu_operator.api.common import ApiModel, cel
+
+Accelerator = Literal[
+    "tpu-v4-podslice", "tpu-v5-lite-podslice", "tpu-v5p-slice", "tpu-v6e-slice", "tpu7x"
+]
+assert set(Accelerator.__args__) == set(catalog.BY_ACCELERATOR), "catalog and API disagree"
+
+
+def _literal(value: Any) -> str:
+    """A CEL literal for a JSON-compatible Python value."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _topologies_by_accelerator() -> str:
+    return _literal({g.accelerator: list(catalog.valid_topologies(g)) for g in catalog.GENERATIONS})
+
+
+def _descriptions() -> str:
+    return _literal(
+        {g.accelerator: catalog.describe_valid_topologies(g) for g in catalog.GENERATIONS}
+    )
+
+
+def _single_host() -> str:
+    return _literal({g.accelerator: sorted(g.single_host) for g in catalog.GENERATIONS})
+
+
+def _type_info() -> str:
+    """short type -> [chips, hosts at the default chips per VM]."""
+    table = {}
+    for short, (accelerator, topology) in catalog.short_types().items():
+        resolved = catalog.shape(accelerator, topology)
+        table[short] = [resolved.chips, resolved.hosts]
+    return _literal(table)
+
+
+def _chips_per_host_choices() -> str:
+    """accelerator -> single-host topology -> valid chipsPerHost values.
+
+    Multi-host topologies always use 4-chip VMs (asserted below), so only single-host
+    topologies need a table.
+    """
+    table: dict[str, dict[str, list[int]]] = {}
+    for generation in catalog.GENERATIONS:
+        for topology in generation.single_host:
+            choices = catalog.chips_per_host_choices(generation, topology)
+            table.setdefault(generation.accelerator, {})[topology] = list(choices)
+    return _literal(table)
+
+
+def _type_chips_per_host_choices() -> str:
+    """short type -> valid chipsPerHost values."""
+    table = {}
+    for short, (accelerator, topology) in catalog.short_types().items():
+        generation = catalog.BY_ACCELERATOR[accelerator]
+        table[short] = list(catalog.chips_per_host_choices(generation, topology))
+    return _literal(table)
+
+
+MULTI_HOST_CHIPS_PER_VM = {g.multi_host_chips_per_vm for g in catalog.GENERATIONS}
+assert {4} == MULTI_HOST_CHIPS_PER_VM, "the CEL host count assumes 4-chip multi-host VMs"
+
+
+def chips_expr(s: str) -> str:
+    """CEL: number of chips of the shape at path ``s``."""
+    parts = f"{s}.topology.split('x')"
+    product = f"int({parts}[0]) * int({parts}[1]) * (size({parts}) == 3 ? int({parts}[2]) : 1)"
+    return f"(has({s}.type) ? {_type_info()}[{s}.type][0] : {product})"
+
+
+def hosts_expr(s: str) -> str:
+    """CEL: hosts (VMs) of the shape at path ``s``; mirrors SliceShape.hosts."""
+    default_hosts = (
+        f"(has({s}.type) ? {_type_info()}[{s}.type][1] : "
+        f"({s}.topology in {_single_host()}[{s}.accelerator] ? 1 : {chips_expr(s)} / 4))"
+    )
+    return f"(has({s}.chipsPerHost) ? {chips_expr(s)} / {s}.chipsPerHost : {default_hosts})"
+
+
+def shape_rules() -> list[dict[str, str]]:
+    """CEL rules for an object holding the shape fields (evaluated at that object)."""
+    known_types = _literal(sorted(catalog.short_types()))
+    return [
+        cel(
+            "has(self.type) != has(self.accelerator)",
+            "set either type (e.g. v5p-128, v5litepod-16, v6e-16) or accelerator and "
+            "topology (e.g. tpu-v5p-slice and 4x4x4), not both and not neither",
+        ),
+        cel(
+            "has(self.accelerator) == has(self.topology)",
+            "accelerator and topology go together: set both (e.g. tpu-v5p-slice, 4x4x4)",
+        ),
+        cel(
+            f"!has(self.type) || self.type in {known_types}",
+            message_expression=(
+                "'type: ' + self.type + ' is not a known TPU type; use the form v4-N, v5p-N "
+                "(N = TensorCores, 2 per chip), v5litepod-N, v6e-N (N = chips) or tpu7x-N, "
+                "e.g. v5p-128 (4x4x4), v5litepod-16 (4x4), v6e-256 (16x16)'"
+            ),
+            field_path=".type",
+            reason="FieldValueNotSupported",
+        ),
+        cel(
+            f"!has(self.accelerator) || self.topology in "
+            f"{_topologies_by_accelerator()}[self.accelerator]",
+            message_expression=(
+                f"'topology: ' + self.topology + ' is not valid for ' + self.accelerator + "
+                f"'; valid: ' + {_descriptions()}[self.accelerator]"
+            ),
+            field_path=".topology",
+            reason="FieldValueInvalid",
+        ),
+        cel(
+            "!has(self.chipsPerHost) || (has(self.accelerator) ? "
+            f"(self.topology in {_chips_per_host_choices()}[self.accelerator] && "
+            f"self.chipsPerHost in {_chips_per_host_choices()}[self.accelerator][self.topology]) "
+            f": (self.type in {_type_chips_per_host_choices()} && "
+            f"self.chipsPerHost in {_type_chips_per_host_choices()}[self.type]))",
+            "chipsPerHost only chooses the machine type where a topology fits two: v5e and "
+            "v6e 2x4 run on one 8-chip VM (chipsPerHost: 8, the default) or two 4-chip VMs "
+            "(chipsPerHost: 4); leave it unset otherwise",
+            field_path=".chipsPerHost",
+        ),
+    ]
+
+
+class ShapeFields(ApiModel):
+    """The TPU slice shape: a short ``type`` or an ``accelerator`` with a ``topology``."""
+
+    type: str | None = Field(default=None, max_length=32, pattern=r"^[a-z0-9]+-[0-9]+$")
+    """Short TPU type, as Cloud TPU names it: v4-N, v5p-N and tpu7x-N count TensorCores
+    (v5p-128 = 64 chips = 4x4x4); v5litepod-N and v6e-N count chips (v6e-16 = 4x4)."""
+    accelerator: Accelerator | None = None
+    """GKE accelerator (node label cloud.google.com/gke-tpu-accelerator)."""
+    topology: str | None = Field(
+        default=None, max_length=16, pattern=r"^[1-9][0-9]*x[1-9][0-9]*(x[1-9][0-9]*)?$"
+    )
+    """Chip topology, e.g. 2x4, 4x4 (v5e, v6e) or 2x2x2, 4x4x4 (v4, v5p, tpu7x)."""
+    chips_per_host: int | None = Field(default=None, ge=1, le=8)
+    """Chips per VM where a topology fits two machine types (v5e/v6e 2x4: 8 or 4)."""
+
+    def resolve(self) -> catalog.SliceShape:
+        """The catalog shape; raises CatalogError with the valid choices."""
+        if self.type is not None:
+            return catalog.from_short_type(self.type, self.chips_per_host)
+        if self.accelerator is None or self.topology is None:
+            raise catalog.CatalogError("set type, or accelerator and topology")
+        return catalog.shape(self.accelerator, self.topology, self.chips_per_host)
+
+
+def valid_shape_expr(s: str) -> str:
+    """CEL: the shape at ``s`` is one the catalog knows (guards the lookups of other rules)."""
+    return (
+        f"(has({s}.type) ? {s}.type in {_literal(sorted(catalog.short_types()))} : "
+        f"(has({s}.accelerator) && has({s}.topology) && "
+        f"{s}.topology in {_topologies_by_accelerator()}[{s}.accelerator]))"
+    )
+
+
+def name_rule(shape_path: str, suffix_digits: str, kind: str) -> dict[str, str]:
+    """CEL at an object's root: its name keeps every pod hostname within 63 characters.
+
+    Pod names are ``<name>-<worker>`` for a TPUSlice and ``<name>-<slice>-<worker>`` for a
+    TPUJob (``suffix_digits`` counts the extra ``-<slice>`` characters).
+    """
+    hosts = hosts_expr(shape_path)
+    length = f"size(self.metadata.name) + {suffix_digits} + 1 + size(string({hosts} - 1))"
+    return cel(
+        f"!{valid_shape_expr(shape_path)} || {length} <= 63",
+        message_expression=(
+            f"'metadata.name: ' + self.metadata.name + ' is too long: pod hostnames ' + "
+            f"'(<name>-<index>) would be ' + string({length}) + ' characters, the limit is "
+            f"63; shorten the {kind} name'"
+        ),
+        field_path=".metadata.name",
+        reason="FieldValueTooLong",
+    )
+
+
+def dns_label_rule(kind: str) -> dict[str, str]:
+    return cel(
+        "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        f"metadata.name: a {kind} name is also its headless Service's name, so it must be a "
+        "DNS label: lowercase letters, digits and '-', starting with a letter",
+        field_path=".metadata.name",
+    )

@@ -1,0 +1,85 @@
+"""TPUSlice: one TPU slice running one gang of worker pods (the TPUSlice CRD's schema).
+
+A TPUJob creates one TPUSlice per slice and sets the fields marked "set by the owning
+TPUJob". A TPUSlice can also stand alone (serving, interactive), then it restarts itself
+under its own failurePolicy and creates its own headless Service.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from tpu_operator.api.common import ApiModel, Condition, Failure, rules
+from tpu_operator.api.policy import FailurePolicy, Placement, PortsSpec
+from tpu_operator.api.shape import ShapeFields, dns_label_rule, name_rule, shape_rules
+from tpu_operator.api.status import Phase, ResolvedShape
+from tpu_operator.api.template import PodTemplate
+
+
+class TPUSliceSpec(ShapeFields):
+    """One slice: its shape, worker template and, when owned by a TPUJob, its place in it."""
+
+    model_config = {**ShapeFields.model_config, "json_schema_extra": rules(*shape_rules())}
+    template: PodTemplate
+    """Pod template of every worker; one container must be named "worker"."""
+    placement: Placement | None = None
+    node_pool: str | None = Field(default=None, max_length=63)
+    """Node pool this slice runs in (set by the owning TPUJob, or a pin)."""
+    failure_policy: FailurePolicy | None = None
+    """Restart policy of a standalone slice (ignored when a TPUJob owns the slice)."""
+    ports: PortsSpec | None = None
+    suspend: bool = False
+    """Delete the slice's running pods and create none until false again."""
+    job_name: str | None = Field(default=None, max_length=63)
+    """Set by the owning TPUJob: the job's name."""
+    service: str | None = Field(default=None, max_length=63)
+    """Set by the owning TPUJob: headless Service of the pods (default: the slice name)."""
+    slice_index: int = Field(default=0, ge=0)
+    """Set by the owning TPUJob: index of this slice in the job."""
+    num_slices: int = Field(default=1, ge=1)
+    """Set by the owning TPUJob: number of slices in the job."""
+    attempt: int = Field(default=0, ge=0)
+    """Set by the owning TPUJob: the attempt whose pods this slice runs."""
+    not_before: str | None = None
+    """Set by the owning TPUJob: create no pods before this time (restart backoff)."""
+
+
+class TPUSliceStatus(ApiModel):
+    """Observed state of a TPUSlice."""
+
+    phase: Phase = "Pending"
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+    attempt: int = 0
+    """Attempt whose pods the slice runs."""
+    created_attempt: int = 0
+    """Last attempt all of whose pods were seen created; a pod of that attempt that
+    disappears afterwards ends the attempt rather than being recreated."""
+    workers: int = 0
+    ready_workers: int = 0
+    ready: str = ""
+    """Ready workers as ready/total."""
+    shape: ResolvedShape | None = None
+    node_pool: str | None = None
+    restarts: int = 0
+    """Restarts of a standalone slice."""
+    counted_restarts: int = 0
+    restarts_by_reason: dict[str, int] = Field(default_factory=dict)
+    not_before: str | None = None
+    """Standalone slice: create no pods of the next attempt before this time."""
+    failure: Failure | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+    message: str = ""
+
+
+class TPUSliceRoot(ApiModel):
+    """Rules evaluated at the object root (they need metadata.name)."""
+
+    model_config = {
+        **ApiModel.model_config,
+        "json_schema_extra": rules(
+            dns_label_rule("TPUSlice"),
+            name_rule("self.spec", "0", "TPUSlice"),
+        ),
+    }
