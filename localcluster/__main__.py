@@ -1,0 +1,7 @@
+"""``python -m localcluster``: the launcher's command line (see :mod:`localcluster.cli`)."""
+
+import sys
+
+from localcluster.cli import main
+
+sys.exit(main())

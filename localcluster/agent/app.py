@@ -1,0 +1,185 @@
+"""The node agent process: wires nodes, pods, hosts files and the control API together.
+
+Started by the launcher as ``python -m localcluster.agent --cluster-dir DIR --server URL``
+(it reads its certificates, pool file and paths from the cluster directory) or in-process
+with :func:`run_agent`. One asyncio loop; blocking work is limited to writing small files.
+SIGTERM/SIGINT stop it gracefully: running pods get SIGTERM and a short grace, then
+SIGKILL, so no pod process outlives the agent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from localcluster.agent import control
+from localcluster.agent.hosts import HostsFiles
+from localcluster.agent.ipam import Block
+from localcluster.agent.kube import Kube, list_watch
+from localcluster.agent.nodes import NodeManager
+from localcluster.agent.pods import PodManager
+from localcluster.agent.runtime import Sandbox
+from localcluster.agent.volumes import Volumes
+from localcluster.agent.writer import Writer
+from localcluster.layout import Layout
+from localcluster.pools import Pool, load_pools
+
+log = logging.getLogger("localcluster.agent")
+
+
+@dataclass
+class AgentConfig:
+    layout: Layout
+    server: str
+    pools: list[Pool]
+    node_monitor_grace_period: float = 20.0
+    write_concurrency: int = 16
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        pki = config.layout.pki
+        self.kube = Kube(
+            config.server, pki / "ca.crt", pki / "node-agent.crt", pki / "node-agent.key"
+        )
+        self.block = Block.claim()
+        self.sandbox = Sandbox.detect()
+        self.writer = Writer(config.write_concurrency)
+        self.hosts = HostsFiles()
+        self.nodes = NodeManager(self.kube, self.block, config.node_monitor_grace_period)
+        self.pods = PodManager(
+            kube=self.kube,
+            nodes=self.nodes,
+            block=self.block,
+            writer=self.writer,
+            pods_dir=config.layout.pods,
+            sandbox=self.sandbox,
+            hosts=self.hosts,
+            volumes=Volumes(self.kube),
+            service_env=service_env(config.server),
+        )
+        self.ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "ready": self.ready.is_set(),
+            "block": f"127.{self.block.octet}.0.0/16",
+            "namespaces": self.sandbox.unshare is not None,
+            "pools": [p.to_dict() for p in self.nodes.pools.values()],
+            "nodes": self.nodes.summary(),
+            "pods": self.pods.processes(),
+            "simulated_pods": len(self.pods.simulator.pods),
+        }
+
+    def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
+        self.hosts.on_pod(kind, pod)
+        self.pods.on_event(kind, pod)
+
+    def _on_pods_synced(self, items: list[dict[str, Any]]) -> None:
+        self.hosts.set_pods(items)
+        self.pods.on_synced(items)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        layout = self.config.layout
+        runner = await control.serve(self, layout.agent_socket)
+        self.writer.start()
+        try:
+            await self.nodes.add_pools(self.config.pools)
+            self._tasks = [
+                asyncio.create_task(self.nodes.run(), name="leases"),
+                asyncio.create_task(
+                    list_watch(
+                        self.kube,
+                        "/api/v1/services",
+                        {},
+                        self.hosts.on_service,
+                        on_synced=self.hosts.set_services,
+                    ),
+                    name="services",
+                ),
+                asyncio.create_task(
+                    list_watch(
+                        self.kube,
+                        "/api/v1/pods",
+                        {"fieldSelector": "spec.nodeName!="},
+                        self._on_pod,
+                        on_synced=self._on_pods_synced,
+                    ),
+                    name="pods",
+                ),
+            ]
+            self.ready.set()
+            log.info(
+                "agent ready: %d node(s), pod IPs from 127.%d.0.0/16, namespaces %s",
+                len(self.nodes.nodes),
+                self.block.octet,
+                "on" if self.sandbox.unshare else "OFF",
+            )
+            await stop.wait()
+        finally:
+            log.info("agent stopping")
+            await self.pods.shutdown()
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.writer.stop()
+            await runner.cleanup()
+            await self.kube.close()
+            self.block.release()
+            layout.agent_socket.unlink(missing_ok=True)
+
+
+def service_env(server: str) -> dict[str, str]:
+    """The ``kubernetes`` Service variables every container gets (in-cluster clients)."""
+    url = urlsplit(server)
+    host, port = url.hostname or "127.0.0.1", str(url.port or 443)
+    return {
+        "KUBERNETES_SERVICE_HOST": host,
+        "KUBERNETES_SERVICE_PORT": port,
+        "KUBERNETES_SERVICE_PORT_HTTPS": port,
+        "KUBERNETES_PORT": f"tcp://{host}:{port}",
+        "KUBERNETES_PORT_443_TCP": f"tcp://{host}:{port}",
+        "KUBERNETES_PORT_443_TCP_PROTO": "tcp",
+        "KUBERNETES_PORT_443_TCP_ADDR": host,
+        "KUBERNETES_PORT_443_TCP_PORT": port,
+    }
+
+
+async def run_agent(config: AgentConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await Agent(config).run(stop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m localcluster.agent", description=__doc__)
+    parser.add_argument("--cluster-dir", type=Path, required=True)
+    parser.add_argument("--server", required=True, help="apiserver URL")
+    parser.add_argument("--pools", type=Path, help="pool file (default: <cluster-dir>/pools.yaml)")
+    parser.add_argument("--node-monitor-grace-period", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    layout = Layout(args.cluster_dir)
+    config = AgentConfig(
+        layout=layout,
+        server=args.server,
+        pools=load_pools(args.pools or layout.pools_file),
+        node_monitor_grace_period=args.node_monitor_grace_period,
+    )
+    asyncio.run(run_agent(config))
+    return 0

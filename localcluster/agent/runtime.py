@@ -1,0 +1,458 @@
+"""Run-mode pods: each container's command as a local process, supervised like a kubelet.
+
+How a container is started (as root)::
+
+    setpriv --pdeathsig=KILL -- \\
+      unshare --mount --uts --fork --kill-child=KILL -- \\
+        sh -c 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"' \\
+          pod-init <pod hosts file> <pod hostname> <command> <args>...
+
+- its own mount namespace, where the pod's hosts file (see :mod:`.hosts`) is bind-mounted
+  over ``/etc/hosts`` (private propagation: the machine's file is untouched), and its own
+  UTS namespace whose hostname is the pod's hostname, so ``gethostname()`` resolves to the
+  pod IP (gloo needs that);
+- its own session and process group: deletion signals the whole group;
+- ``--pdeathsig``/``--kill-child``: if the agent dies, even by SIGKILL, its processes die.
+
+Without root (or without ``unshare``) containers run directly, with a warning: no
+private hostname, and peers' DNS names do not resolve.
+
+Phases and restarts follow the kubelet: ``restartPolicy`` Never/OnFailure/Always with the
+kubelet's 10 s doubling back-off (capped at 5 min), init containers in order before the
+others, exit code 128+N for a process killed by signal N, reason Completed/Error.
+Readiness and liveness probes are not run: a started container is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localcluster.agent import envvars
+from localcluster.agent.hosts import HostsFiles, pod_hostname
+from localcluster.agent.status import (
+    Conditions,
+    ContainerStatus,
+    now,
+    patch,
+    pod_phase,
+    running_state,
+    terminated_state,
+    waiting_state,
+)
+from localcluster.agent.volumes import Mount, Volumes
+from localcluster.procs import ProcessRecord
+
+log = logging.getLogger(__name__)
+
+# Runs inside the pod's new mount and UTS namespaces: hosts file, hostname, then N volume
+# bind mounts (source, target pairs; missing targets are created), then exec the command.
+POD_INIT = """
+mount --bind -- "$1" /etc/hosts && hostname -- "$2" || exit 125
+n=$3; shift 3
+while [ "$n" -gt 0 ]; do
+  if [ -d "$1" ]; then mkdir -p -- "$2"
+  else mkdir -p -- "$(dirname -- "$2")" && { [ -e "$2" ] || touch -- "$2"; }; fi
+  mount --bind -- "$1" "$2" || exit 125
+  shift 2; n=$((n - 1))
+done
+exec "$@"
+"""
+BACKOFF_START, BACKOFF_MAX = 10.0, 300.0
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How processes are isolated on this machine (decided once at agent start)."""
+
+    setpriv: str | None
+    unshare: str | None
+
+    @classmethod
+    def detect(cls) -> Sandbox:
+        setpriv, unshare = shutil.which("setpriv"), shutil.which("unshare")
+        if unshare and os.geteuid() == 0:
+            probe = os.system(f"{unshare} --mount --uts --fork true >/dev/null 2>&1")
+            if probe != 0:
+                unshare = None
+        else:
+            unshare = None
+        if unshare is None:
+            log.warning(
+                "no private mount/UTS namespaces (needs root and unshare): pod processes run "
+                "directly, with the machine's hostname and /etc/hosts; pod DNS names of "
+                "headless Services will NOT resolve for them"
+            )
+        return cls(setpriv, unshare)
+
+    def wrap(self, argv: list[str], hosts: Path, hostname: str, mounts: list[Mount]) -> list[str]:
+        wrapped = list(argv)
+        if self.unshare:
+            pairs = [str(part) for m in mounts for part in (m.source, m.target)]
+            wrapped = [
+                self.unshare, "--mount", "--uts", "--fork", "--kill-child=KILL", "--",
+                "sh", "-c", POD_INIT, "pod-init", str(hosts), hostname, str(len(mounts)),
+                *pairs, *wrapped,
+            ]  # fmt: skip
+        elif mounts:
+            log.warning("volume mounts ignored (no mount namespaces): %s", mounts)
+        if self.setpriv:
+            wrapped = [self.setpriv, "--pdeathsig=KILL", "--", *wrapped]
+        return wrapped
+
+
+class StartFailure(Exception):
+    def __init__(self, reason: str, message: str, exit_code: int = 128) -> None:
+        super().__init__(message)
+        self.reason, self.message, self.exit_code = reason, message, exit_code
+
+
+@dataclass
+class Container:
+    spec: Mapping[str, Any]
+    status: ContainerStatus
+    init: bool = False
+    process: asyncio.subprocess.Process | None = None
+    record: ProcessRecord | None = None
+    kill_code: int | None = None
+    kill_reason: str | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.spec["name"])
+
+
+@dataclass
+class RunPod:
+    """One pod of a run-mode node, from first sight to its terminal status."""
+
+    pod: dict[str, Any]
+    host_ip: str
+    pod_ip: str
+    directory: Path
+    sandbox: Sandbox
+    hosts: HostsFiles
+    volumes: Volumes
+    service_env: Mapping[str, str]
+    report: Callable[[dict[str, Any]], None]
+    containers: list[Container] = field(default_factory=list)
+    init_containers: list[Container] = field(default_factory=list)
+    conditions: Conditions = field(default_factory=Conditions)
+    start_time: str = field(default_factory=now)
+    terminating: bool = False
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str | None = None
+    message: str | None = None
+    disruption: dict[str, Any] | None = None
+    phase: str = "Pending"
+    last_patch: dict[str, Any] | None = None
+    _volume_paths: dict[str, Path] = field(default_factory=dict)
+    _volume_error: str | None = None
+
+    def __post_init__(self) -> None:
+        spec = self.pod["spec"]
+        self.init_containers = [
+            Container(
+                c,
+                ContainerStatus(c["name"], c.get("image", ""), waiting_state("PodInitializing")),
+                init=True,
+            )
+            for c in spec.get("initContainers") or []
+        ]
+        self.containers = [
+            Container(
+                c,
+                ContainerStatus(c["name"], c.get("image", ""), waiting_state("ContainerCreating")),
+            )
+            for c in spec.get("containers") or []
+        ]
+        self.restart_policy = spec.get("restartPolicy", "Always")
+
+    @property
+    def uid(self) -> str:
+        return str(self.pod["metadata"]["uid"])
+
+    @property
+    def hosts_file(self) -> Path:
+        return self.directory / f"{self.uid}.hosts"
+
+    # Lifecycle ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.hosts.remove_pod(self.uid)
+            self.finished.set()
+
+    async def _run(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.hosts.add_pod(self.uid, self.hosts_file, self.pod, self.pod_ip)
+        self.conditions.set("PodReadyToStartContainers", True)
+        self.conditions.set(
+            "Initialized",
+            not self.init_containers,
+            "ContainersNotInitialized" if self.init_containers else None,
+        )
+        self.conditions.set("ContainersReady", False, "ContainersNotReady")
+        self.conditions.set("Ready", False, "ContainersNotReady")
+        self._report("Pending")
+        try:
+            self._volume_paths = await self.volumes.prepare(self.pod, self.directory)
+        except envvars.UnsupportedEnv as error:
+            self._volume_error = str(error)
+        for container in self.init_containers:
+            if self.terminating:
+                break
+            if not await self._supervise(container):
+                self._fail_init(container)
+                return
+        if not self.terminating:
+            self.conditions.set("Initialized", True)
+            await asyncio.gather(*(self._supervise(c) for c in self.containers))
+        self._report_terminal()
+
+    def _fail_init(self, failed: Container) -> None:
+        for container in self.containers:
+            container.status.state = waiting_state("PodInitializing")
+        self.conditions.set("Initialized", False, "ContainersNotInitialized")
+        self._report("Failed")
+
+    async def _supervise(self, container: Container) -> bool:
+        """Run one container until it is done for good; True if it ended with exit 0."""
+        backoff = BACKOFF_START
+        while True:
+            if self.terminating:
+                if not container.status.terminated:
+                    container.status.state = terminated_state(
+                        137,
+                        "ContainerStatusUnknown",
+                        message="The pod was deleted before the container started",
+                    )
+                return False
+            try:
+                await self._start(container)
+            except StartFailure as failure:
+                container.status.state = terminated_state(
+                    failure.exit_code, failure.reason, message=failure.message
+                )
+                self._update_running()
+                exit_code = failure.exit_code
+            else:
+                self._update_running()
+                exit_code = await self._wait(container)
+            if not self._restarts(container, exit_code):
+                self._update_running()
+                return exit_code == 0
+            container.status.last_state = container.status.state
+            container.status.restart_count += 1
+            container.status.state = waiting_state(
+                "CrashLoopBackOff",
+                f"back-off {backoff:g}s restarting failed container={container.name} "
+                f"pod={self.name}",
+            )
+            self._update_running()
+            await self._sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _restarts(self, container: Container, exit_code: int) -> bool:
+        if self.terminating:
+            return False
+        if container.init:
+            return exit_code != 0 and self.restart_policy != "Never"
+        return self.restart_policy == "Always" or (
+            self.restart_policy == "OnFailure" and exit_code != 0
+        )
+
+    async def _sleep(self, seconds: float) -> None:
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+
+    async def _start(self, container: Container) -> None:
+        spec = container.spec
+        if self._volume_error:
+            raise StartFailure("CreateContainerConfigError", self._volume_error)
+        try:
+            base = {**envvars.base_env(pod_hostname(self.pod)), **self.service_env}
+            env = envvars.container_env(self.pod_with_ips(), spec, base)
+            argv = envvars.container_argv(spec, env)
+            mounts = self.volumes.mounts(spec, self._volume_paths)
+        except envvars.UnsupportedEnv as error:
+            raise StartFailure(error.reason, str(error)) from None
+        cwd = Path(spec["workingDir"]) if spec.get("workingDir") else self.directory
+        if not cwd.is_dir():
+            raise StartFailure("StartError", f"workingDir {cwd} does not exist on this machine")
+        executable = argv[0]
+        if "/" not in executable:
+            if shutil.which(executable, path=env.get("PATH")) is None:
+                raise StartFailure(
+                    "StartError", f'exec: "{executable}": executable file not found in $PATH'
+                )
+        elif not os.access(cwd / executable, os.X_OK):
+            raise StartFailure("StartError", f'exec: "{executable}": not found or not executable')
+        log_path = self.directory / f"{container.name}.log"
+        # Opening a local log file is quick; the event loop is not held up in practice.
+        with open(log_path, "ab") as out:  # noqa: ASYNC230
+            process = await asyncio.create_subprocess_exec(
+                *self.sandbox.wrap(argv, self.hosts_file, pod_hostname(self.pod), mounts),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        container.process = process
+        container.kill_code = container.kill_reason = None
+        try:
+            container.record = ProcessRecord.of(process.pid)
+            (self.directory / f"{container.name}.pid").write_text(
+                json.dumps(container.record.to_json())
+            )
+        except ProcessLookupError:
+            container.record = None
+        container.status.container_id = f"localcluster://{process.pid}"
+        container.status.state = running_state(now())
+        log.info(
+            "pod %s/%s container %s started: pid %d",
+            self.namespace,
+            self.name,
+            container.name,
+            process.pid,
+        )
+
+    async def _wait(self, container: Container) -> int:
+        assert container.process is not None
+        code = await container.process.wait()
+        exit_code = 128 - code if code < 0 else code
+        reason = None
+        if container.kill_code is not None:
+            exit_code, reason = container.kill_code, container.kill_reason
+        started = (container.status.state.get("running") or {}).get("startedAt")
+        container.status.state = terminated_state(
+            exit_code,
+            reason,
+            started_at=started,
+            container_id=container.status.container_id,
+            signal=-code if code < 0 else None,
+        )
+        container.process = None
+        (self.directory / f"{container.name}.pid").unlink(missing_ok=True)
+        log.info(
+            "pod %s/%s container %s exited: %d",
+            self.namespace,
+            self.name,
+            container.name,
+            exit_code,
+        )
+        return exit_code
+
+    # Status ---------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return str(self.pod["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.pod["metadata"]["namespace"])
+
+    def pod_with_ips(self) -> dict[str, Any]:
+        status = {
+            **self.pod.get("status", {}),
+            "podIP": self.pod_ip,
+            "hostIP": self.host_ip,
+            "podIPs": [{"ip": self.pod_ip}],
+            "hostIPs": [{"ip": self.host_ip}],
+        }
+        return {**self.pod, "status": status}
+
+    def _update_running(self) -> None:
+        ready = all(c.status.running for c in self.containers) and bool(self.containers)
+        self.conditions.set("ContainersReady", ready, None if ready else "ContainersNotReady")
+        self.conditions.set("Ready", ready, None if ready else "ContainersNotReady")
+        started = any(c.status.state.get("running") or c.status.terminated for c in self.containers)
+        self._report("Running" if started else "Pending")
+
+    def _report_terminal(self) -> None:
+        phase = pod_phase([c.status for c in self.containers]) if self.containers else "Failed"
+        if phase == "Running" or self.disruption:
+            # Terminated before every container ran, or shut down by the node: the kubelet
+            # reports Failed whatever the exit codes.
+            phase = "Failed"
+        self.conditions.set("ContainersReady", False, "PodCompleted")
+        self.conditions.set("Ready", False, "PodCompleted")
+        self._report(phase)
+
+    def _report(self, phase: str) -> None:
+        self.phase = phase
+        self.last_patch = patch(
+            self.pod,
+            phase=phase,
+            host_ip=self.host_ip,
+            pod_ip=self.pod_ip,
+            start_time=self.start_time,
+            conditions=self.conditions,
+            containers=[c.status for c in self.containers],
+            init_containers=[c.status for c in self.init_containers],
+            reason=self.reason,
+            message=self.message,
+            extra_conditions=[self.disruption] if self.disruption else None,
+        )
+        self.report(self.last_patch)
+
+    # Signals --------------------------------------------------------------------------
+
+    def _live(self) -> list[Container]:
+        return [c for c in self.init_containers + self.containers if c.process is not None]
+
+    def _signal(self, container: Container, sig: int) -> None:
+        if container.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(container.process.pid, sig)
+
+    async def terminate(self, grace: float) -> None:
+        """Graceful stop, as for a deleted pod: SIGTERM, ``grace`` seconds, SIGKILL."""
+        self.terminating = True
+        self._wake.set()
+        for container in self._live():
+            self._signal(container, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.finished.wait(), timeout=max(grace, 0.0))
+        except TimeoutError:
+            for container in self._live():
+                self._signal(container, signal.SIGKILL)
+            await self.finished.wait()
+
+    def kill_now(self) -> None:
+        """The pod object is gone (force-deleted) or its VM vanished: SIGKILL, no status."""
+        self.terminating = True
+        self.report = lambda _patch: None
+        self._wake.set()
+        for container in self._live():
+            self._signal(container, signal.SIGKILL)
+
+    def kill_container(self, name: str | None, exit_code: int, reason: str | None) -> list[str]:
+        """Fault injection: SIGKILL a container's processes and report ``exit_code``."""
+        killed = []
+        for container in self._live():
+            if name is None or container.name == name:
+                container.kill_code, container.kill_reason = exit_code, reason
+                self._signal(container, signal.SIGKILL)
+                killed.append(container.name)
+        return killed
+
+    def processes(self) -> dict[str, int]:
+        return {c.name: c.process.pid for c in self._live() if c.process is not None}

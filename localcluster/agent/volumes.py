@@ -1,0 +1,179 @@
+"""Pod volumes as local directories, bind-mounted into the pod's mount namespace.
+
+Supported volume types: ``emptyDir`` (a directory per pod, shared by its containers),
+``hostPath``, ``configMap``, ``secret``, ``downwardAPI`` and ``projected`` (their sources
+``serviceAccountToken``, ``configMap``, ``secret``, ``downwardAPI``). The ServiceAccount
+token volume that admission adds to every pod (``kube-api-access-*``) therefore works as in
+a real cluster: the agent asks the TokenRequest API for a token bound to the pod, so a
+process using in-cluster configuration authenticates as the pod's ServiceAccount and is
+subject to its RBAC. ConfigMap, Secret and token contents are written once, when the pod
+starts (no live updates, no token rotation: bound tokens are valid for the pod's life).
+
+Other types (persistentVolumeClaim, csi, ...) fail the pod with
+``CreateContainerConfigError``. ``readOnly`` is not enforced. A mount point that does not
+exist on the machine is created there as an empty directory (or file) before the bind
+mount: mount namespaces isolate mounts, not the file system.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localcluster.agent.envvars import UnsupportedEnv, field_value
+from localcluster.agent.kube import Kube
+
+log = logging.getLogger(__name__)
+
+
+class UnsupportedVolume(UnsupportedEnv):
+    """A volume the agent cannot provide; fails the pod with CreateContainerConfigError."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: Path
+    target: str
+
+
+@dataclass
+class Volumes:
+    kube: Kube
+
+    async def prepare(self, pod: Mapping[str, Any], directory: Path) -> dict[str, Path]:
+        """Materialize every volume of ``pod`` under ``directory``; name -> host path."""
+        paths: dict[str, Path] = {}
+        for volume in pod["spec"].get("volumes") or []:
+            name = volume["name"]
+            if "hostPath" in volume:
+                paths[name] = Path(volume["hostPath"]["path"])
+                continue
+            target = directory / "volumes" / name
+            target.mkdir(parents=True, exist_ok=True)
+            if "emptyDir" in volume:
+                pass
+            elif "configMap" in volume:
+                await self._config_map(pod, volume["configMap"], target)
+            elif "secret" in volume:
+                await self._secret(pod, volume["secret"], target)
+            elif "downwardAPI" in volume:
+                self._downward(pod, volume["downwardAPI"], target)
+            elif "projected" in volume:
+                for source in volume["projected"].get("sources") or []:
+                    await self._projection(pod, source, target)
+            else:
+                kind = next((k for k in volume if k != "name"), "unknown")
+                raise UnsupportedVolume(
+                    f"volume {name!r} is of type {kind}, which the local node agent does not "
+                    "support (emptyDir, hostPath, configMap, secret, downwardAPI, projected)"
+                )
+            paths[name] = target
+        return paths
+
+    def mounts(self, container: Mapping[str, Any], volumes: Mapping[str, Path]) -> list[Mount]:
+        mounts = []
+        for mount in container.get("volumeMounts") or []:
+            source = volumes.get(mount["name"])
+            if source is None:
+                raise UnsupportedVolume(f"volumeMount {mount['name']!r} names no volume")
+            if mount.get("subPath"):
+                source = source / mount["subPath"]
+            mounts.append(Mount(source, mount["mountPath"]))
+        return mounts
+
+    # Sources --------------------------------------------------------------------------
+
+    async def _projection(
+        self, pod: Mapping[str, Any], source: Mapping[str, Any], target: Path
+    ) -> None:
+        if "serviceAccountToken" in source:
+            await self._token(pod, source["serviceAccountToken"], target)
+        elif "configMap" in source:
+            await self._config_map(pod, source["configMap"], target)
+        elif "secret" in source:
+            await self._secret(pod, source["secret"], target)
+        elif "downwardAPI" in source:
+            self._downward(pod, source["downwardAPI"], target)
+        else:
+            kind = next(iter(source), "unknown")
+            raise UnsupportedVolume(f"projected source {kind} is not supported")
+
+    async def _token(
+        self, pod: Mapping[str, Any], projection: Mapping[str, Any], target: Path
+    ) -> None:
+        meta = pod["metadata"]
+        account = pod["spec"].get("serviceAccountName") or "default"
+        spec: dict[str, Any] = {
+            "expirationSeconds": int(projection.get("expirationSeconds", 3607)),
+            "boundObjectRef": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta["name"],
+                "uid": meta["uid"],
+            },
+        }
+        if projection.get("audience"):
+            spec["audiences"] = [projection["audience"]]
+        review = await self.kube.call(
+            "POST",
+            f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{account}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+        )
+        _write(target / projection.get("path", "token"), review["status"]["token"].encode())
+
+    async def _config_map(
+        self, pod: Mapping[str, Any], source: Mapping[str, Any], target: Path
+    ) -> None:
+        namespace = pod["metadata"]["namespace"]
+        status, body = await self.kube.request(
+            "GET", f"/api/v1/namespaces/{namespace}/configmaps/{source['name']}"
+        )
+        if status == 404 and source.get("optional"):
+            return
+        if status >= 300:
+            raise UnsupportedVolume(f"configMap {source['name']!r}: HTTP {status}")
+        data = {k: v.encode() for k, v in (body.get("data") or {}).items()}
+        data.update({k: base64.b64decode(v) for k, v in (body.get("binaryData") or {}).items()})
+        _write_items(target, data, source.get("items"))
+
+    async def _secret(
+        self, pod: Mapping[str, Any], source: Mapping[str, Any], target: Path
+    ) -> None:
+        namespace = pod["metadata"]["namespace"]
+        name = source.get("secretName") or source.get("name")
+        status, body = await self.kube.request(
+            "GET", f"/api/v1/namespaces/{namespace}/secrets/{name}"
+        )
+        if status == 404 and source.get("optional"):
+            return
+        if status >= 300:
+            raise UnsupportedVolume(f"secret {name!r}: HTTP {status}")
+        data = {k: base64.b64decode(v) for k, v in (body.get("data") or {}).items()}
+        _write_items(target, data, source.get("items"))
+
+    def _downward(self, pod: Mapping[str, Any], source: Mapping[str, Any], target: Path) -> None:
+        for item in source.get("items") or []:
+            if "fieldRef" not in item:
+                raise UnsupportedVolume("downwardAPI volume items support fieldRef only")
+            _write(target / item["path"], field_value(pod, item["fieldRef"]["fieldPath"]).encode())
+
+
+def _write_items(
+    target: Path, data: Mapping[str, bytes], items: list[Mapping[str, Any]] | None
+) -> None:
+    if items:
+        for item in items:
+            if item["key"] in data:
+                _write(target / item["path"], data[item["key"]])
+    else:
+        for key, value in data.items():
+            _write(target / key, value)
+
+
+def _write(path: Path, content: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)

@@ -1,0 +1,274 @@
+"""Simulated GKE node pools, declared as data, and the Node objects they become.
+
+A pool is one GKE node pool: TPU (``accelerator`` set) or plain CPU. A TPU pool whose
+topology has as many chips as one VM is a single-host pool (any number of VMs, each its
+own slice); otherwise it is one multi-host slice and ``vms * chips_per_vm`` must equal the
+topology's chips, as GKE enforces. ``mode: run`` pools run pods as local processes;
+``mode: simulate`` pools only report status (for scale runs).
+
+The YAML format (``localcluster/pools.yaml`` is the default)::
+
+    pools:
+      - name: v5e-2x4              # node pool name; nodes are <name>-0, <name>-1, ...
+        accelerator: tpu-v5-lite-podslice
+        topology: 2x4
+        vms: 2
+        chips_per_vm: 4
+        spot: false                # optional
+        reservation: null          # optional: cloud.google.com/reservation-name
+        machine_type: null         # optional: derived from accelerator and chips_per_vm
+        mode: run                  # run | simulate
+        simulate:                  # optional, simulate mode only
+          complete_after: null     # seconds until pods terminate (null: run forever)
+          exit_code: 0
+      - name: cpu
+        vms: 2                     # no accelerator: a CPU pool
+        cpu: "8"
+        memory: 32Gi
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+DEFAULT_POOLS_FILE = Path(__file__).resolve().parent / "pools.yaml"
+
+TPU_RESOURCE = "google.com/tpu"
+TPU_TAINT = {"key": TPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
+POOL_LABEL = "cloud.google.com/gke-nodepool"
+ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
+TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+SPOT_LABEL = "cloud.google.com/gke-spot"
+RESERVATION_LABEL = "cloud.google.com/reservation-name"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+MODE_LABEL = "localcluster.tpu-operator.dev/mode"
+
+# GKE machine type prefix per accelerator label value; the suffix is <chips>t.
+_MACHINE_PREFIX = {
+    "tpu-v4-podslice": "ct4p-hightpu-",
+    "tpu-v5-lite-podslice": "ct5lp-hightpu-",
+    "tpu-v5p-slice": "ct5p-hightpu-",
+    "tpu-v6e-slice": "ct6e-standard-",
+    "tpu7x": "tpu7x-standard-",
+}
+
+
+class PoolError(ValueError):
+    """A pool declaration is invalid; the message names the pool and the field."""
+
+
+@dataclass(frozen=True)
+class Simulate:
+    """What simulate-mode pods do: run forever, or terminate after a while with a code."""
+
+    complete_after: float | None = None
+    exit_code: int = 0
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One GKE node pool (TPU when ``accelerator`` is set, else CPU)."""
+
+    name: str
+    vms: int = 1
+    accelerator: str | None = None
+    topology: str | None = None
+    chips_per_vm: int = 4
+    spot: bool = False
+    reservation: str | None = None
+    machine_type: str | None = None
+    mode: Literal["run", "simulate"] = "run"
+    simulate: Simulate = field(default_factory=Simulate)
+    cpu: str = "8"
+    memory: str = "32Gi"
+    max_pods: int = 110
+    zone: str = "us-central2-b"
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def is_tpu(self) -> bool:
+        return self.accelerator is not None
+
+    def validate(self) -> None:
+        where = f"pool {self.name!r}"
+        if not self.name or not _dns_label(self.name):
+            raise PoolError(f"{where}: name must be a DNS label (lowercase, digits, '-')")
+        if self.vms < 1:
+            raise PoolError(f"{where}: vms must be >= 1, got {self.vms}")
+        if self.mode not in ("run", "simulate"):
+            raise PoolError(f"{where}: mode must be 'run' or 'simulate', got {self.mode!r}")
+        if not self.is_tpu:
+            if self.topology:
+                raise PoolError(f"{where}: topology is set but accelerator is not")
+            return
+        if not self.topology:
+            raise PoolError(f"{where}: a TPU pool needs a topology, e.g. 2x4")
+        chips = topology_chips(self.topology, where)
+        if self.chips_per_vm < 1:
+            raise PoolError(f"{where}: chips_per_vm must be >= 1")
+        if chips != self.chips_per_vm and chips != self.vms * self.chips_per_vm:
+            raise PoolError(
+                f"{where}: topology {self.topology} has {chips} chips; a multi-host pool "
+                f"needs vms * chips_per_vm == {chips} (got {self.vms} * {self.chips_per_vm}),"
+                f" a single-host pool needs chips_per_vm == {chips}"
+            )
+
+    @property
+    def multi_host(self) -> bool:
+        return self.is_tpu and topology_chips(self.topology or "1", self.name) > self.chips_per_vm
+
+    @property
+    def gke_machine_type(self) -> str:
+        if self.machine_type:
+            return self.machine_type
+        if self.accelerator:
+            prefix = _MACHINE_PREFIX.get(self.accelerator, f"{self.accelerator}-")
+            return f"{prefix}{self.chips_per_vm}t"
+        return f"e2-standard-{self.cpu}"
+
+    def node_names(self) -> list[str]:
+        return [f"{self.name}-{index}" for index in range(self.vms)]
+
+    def node_labels(self, node_name: str) -> dict[str, str]:
+        labels = {
+            "kubernetes.io/hostname": node_name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "topology.kubernetes.io/region": self.zone.rsplit("-", 1)[0],
+            "topology.kubernetes.io/zone": self.zone,
+            POOL_LABEL: self.name,
+            INSTANCE_TYPE_LABEL: self.gke_machine_type,
+            MODE_LABEL: self.mode,
+        }
+        if self.accelerator:
+            labels[ACCELERATOR_LABEL] = self.accelerator
+            labels[TOPOLOGY_LABEL] = self.topology or ""
+        if self.spot:
+            labels[SPOT_LABEL] = "true"
+            labels["cloud.google.com/gke-provisioning"] = "spot"
+        if self.reservation:
+            labels[RESERVATION_LABEL] = self.reservation
+        labels.update(self.labels)
+        return labels
+
+    def node_manifest(
+        self, node_name: str, internal_ip: str, kubelet_version: str = ""
+    ) -> dict[str, Any]:
+        """The Node a kubelet of this pool would register (status included)."""
+        capacity = {
+            "cpu": self.cpu,
+            "memory": self.memory,
+            "pods": str(self.max_pods),
+            "ephemeral-storage": "100Gi",
+        }
+        if self.accelerator:
+            capacity[TPU_RESOURCE] = str(self.chips_per_vm)
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": node_name, "labels": self.node_labels(node_name)},
+            "spec": {
+                "providerID": f"gce://localcluster/{self.zone}/{node_name}",
+                "taints": [dict(TPU_TAINT)] if self.accelerator else [],
+            },
+            "status": {
+                "capacity": capacity,
+                "allocatable": dict(capacity),
+                "addresses": [
+                    {"type": "InternalIP", "address": internal_ip},
+                    {"type": "Hostname", "address": node_name},
+                ],
+                "nodeInfo": {
+                    "architecture": "amd64",
+                    "operatingSystem": "linux",
+                    "osImage": "localcluster node agent",
+                    "kernelVersion": "",
+                    "containerRuntimeVersion": "localcluster://process",
+                    "kubeletVersion": kubelet_version,
+                    "kubeProxyVersion": "",
+                    "machineID": "",
+                    "systemUUID": "",
+                    "bootID": "",
+                },
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            },
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["labels"] = dict(self.labels)
+        return data
+
+
+def topology_chips(topology: str, where: str = "topology") -> int:
+    try:
+        dims = [int(part) for part in topology.split("x")]
+    except ValueError:
+        raise PoolError(f"{where}: topology {topology!r} is not like 2x4 or 2x2x2") from None
+    if not 2 <= len(dims) <= 3 or min(dims) < 1:
+        raise PoolError(f"{where}: topology {topology!r} is not like 2x4 or 2x2x2")
+    return math.prod(dims)
+
+
+def _dns_label(name: str) -> bool:
+    return (
+        len(name) <= 50
+        and name[0].isalnum()
+        and name[-1].isalnum()
+        and all(c.islower() or c.isdigit() or c == "-" for c in name)
+    )
+
+
+_FIELDS = set(Pool.__dataclass_fields__)
+
+
+def pool_from_dict(data: Mapping[str, Any]) -> Pool:
+    unknown = set(data) - _FIELDS
+    name = data.get("name", "?")
+    if unknown:
+        raise PoolError(
+            f"pool {name!r}: unknown field(s) {sorted(unknown)}; known: {sorted(_FIELDS)}"
+        )
+    values = dict(data)
+    if isinstance(values.get("simulate"), Mapping):
+        values["simulate"] = Simulate(**values["simulate"])
+    for key in ("cpu", "memory"):
+        if key in values:
+            values[key] = str(values[key])
+    try:
+        return Pool(**values)
+    except TypeError as error:
+        raise PoolError(f"pool {name!r}: {error}") from None
+
+
+def load_pools(path: Path | str = DEFAULT_POOLS_FILE) -> list[Pool]:
+    """Pools of a YAML pool file (format in this module's docstring)."""
+    document = yaml.safe_load(Path(path).read_text()) or {}
+    pools = [pool_from_dict(item) for item in document.get("pools", [])]
+    check_unique(pools)
+    return pools
+
+
+def dump_pools(pools: Iterable[Pool]) -> str:
+    return yaml.safe_dump({"pools": [pool.to_dict() for pool in pools]}, sort_keys=False)
+
+
+def default_pools() -> list[Pool]:
+    return load_pools(DEFAULT_POOLS_FILE)
+
+
+def check_unique(pools: Sequence[Pool]) -> None:
+    seen: set[str] = set()
+    for pool in pools:
+        if pool.name in seen:
+            raise PoolError(f"pool {pool.name!r} is declared twice")
+        seen.add(pool.name)

@@ -1,0 +1,173 @@
+"""The launcher's promises: port retries, crash recovery, no orphans, detached mode."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from localcluster import Cluster, ClusterError, Pool, controlplane
+from localcluster.layout import Layout, read_state, recorded_processes
+from localcluster.procs import ProcessRecord
+from localcluster.testing import wait_until
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = [Pool(name="cpu", vms=1)]
+
+
+@pytest.fixture
+def directory(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "c"
+    yield path
+    # Whatever a test leaves running is stopped (and must be stoppable).
+    if any(r.alive() for r in recorded_processes(read_state(Layout(path))).values()):
+        subprocess.run(
+            [sys.executable, "-m", "localcluster", "down", f"--dir={path}"], cwd=REPO, check=False
+        )
+
+
+def _records(directory: Path) -> dict[str, ProcessRecord]:
+    return recorded_processes(read_state(Layout(directory)))
+
+
+def test_port_in_use_is_retried_with_another(
+    directory: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    real = controlplane.pick_ports
+    calls = []
+
+    def first_one_taken() -> controlplane.Ports:
+        ports = real()
+        calls.append(ports)
+        if len(calls) == 1:
+            return controlplane.Ports(ports.etcd_client, ports.etcd_peer, taken.getsockname()[1])
+        return ports
+
+    monkeypatch.setattr(controlplane, "pick_ports", first_one_taken)
+    try:
+        with Cluster.start(directory, pools=TINY) as cluster:
+            assert len(calls) == 2
+            assert cluster.server.endswith(f":{calls[1].apiserver}")
+            assert "kube-apiserver could not bind its port" in capfd.readouterr().err
+            cluster.kubectl("get", "nodes")
+    finally:
+        taken.close()
+
+
+def test_crashed_run_leaves_no_process_and_its_directory_is_reused(directory: Path) -> None:
+    script = (
+        "import sys, time\n"
+        "from localcluster import Cluster, Pool\n"
+        f"Cluster.start({str(directory)!r}, pools=[Pool(name='cpu', vms=1)])\n"
+        "print('up', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert launcher.stdout is not None
+        assert launcher.stdout.readline().strip() == "up"
+        records = _records(directory)
+        assert set(records) == {
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "node-agent",
+        }
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=10)
+        wait_until(
+            lambda: not any(r.alive() for r in records.values()),
+            timeout=20,
+            message=lambda: f"orphans to die: {[n for n, r in records.items() if r.alive()]}",
+        )
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    # The directory still says "running": the next start must see the crash and recover.
+    assert read_state(Layout(directory))["status"] == "running"
+    with Cluster.start(directory, pools=TINY) as cluster:
+        assert cluster.kubectl("get", "nodes", "-o", "name").stdout.strip() == "node/cpu-0"
+
+
+def test_second_start_in_a_live_directory_is_refused(directory: Path) -> None:
+    with (
+        Cluster.start(directory, pools=TINY),
+        pytest.raises(ClusterError, match="already running"),
+    ):
+        Cluster.start(directory, pools=TINY)
+
+
+def test_cli_up_status_fault_down_detached(directory: Path) -> None:
+    def cli(command: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "localcluster", command, f"--dir={directory}", *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+
+    up = cli("up")
+    assert up.returncode == 0, up.stderr
+    assert f"KUBECONFIG={directory}/kubeconfig" in up.stdout
+    assert "cluster up in" in up.stderr
+    records = _records(directory)
+    assert all(r.alive() for r in records.values()), "detached components outlive `up`"
+
+    status = cli("status")
+    assert status.returncode == 0 and '"cpu-0"' in status.stdout, status.stderr
+    fault = cli("fault", "not-ready", "cpu-0")
+    assert fault.returncode == 0, fault.stderr
+    nodes = cli("kubectl", "get", "nodes")
+    assert "NotReady" in nodes.stdout, nodes.stdout + nodes.stderr
+    bad = cli("fault", "heal", "no-such-node")
+    assert bad.returncode == 1 and "not found" in bad.stderr
+
+    down = cli("down")
+    assert down.returncode == 0, down.stderr
+    assert not any(r.alive() for r in records.values())
+    again = cli("status")
+    assert again.returncode == 1 and "no cluster is running" in again.stderr
+
+
+def test_pool_file_is_honoured_by_cli(directory: Path, tmp_path: Path) -> None:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(
+        "pools:\n"
+        "  - {name: tiny, accelerator: tpu-v6e-slice, topology: 2x2, vms: 1, chips_per_vm: 4}\n"
+    )
+    started = time.monotonic()
+    up = subprocess.run(
+        [sys.executable, "-m", "localcluster", "up", f"--dir={directory}", f"--pools={pools}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert up.returncode == 0, up.stderr
+    assert time.monotonic() - started < 60
+    cluster = Cluster.attach(directory)
+    try:
+        labels = cluster.api().get("/api/v1/nodes/tiny-0")["metadata"]["labels"]
+        assert labels["cloud.google.com/gke-tpu-accelerator"] == "tpu-v6e-slice"
+        assert labels["node.kubernetes.io/instance-type"] == "ct6e-standard-4t"
+    finally:
+        cluster.stop()
+    assert not cluster.layout.agent_socket.exists()
