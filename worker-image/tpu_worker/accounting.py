@@ -1,0 +1,144 @@
+"""Wall-time accounting: which phase each second of a worker's life belongs to.
+
+Time after initialization is cut into step intervals (from the end of one recorded step to
+the end of the next). Phases opened inside an interval (data wait, checkpoint save and
+restore, custom phases, and JAX compilation, which arrives from jax.monitoring) take their
+seconds out of it; what is left of the interval is productive step time. Phases nest: the
+innermost one owns a second, so no second is counted twice and the phases add up to the
+wall time the training loop spent. Time a phase measures on a thread other than the
+training loop's runs concurrently with the loop: it is counted in its phase but taken out
+of nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Sink = Callable[[str, float], None]
+
+
+@dataclass
+class Frame:
+    """One open interval: a phase, or the current step interval (the root)."""
+
+    phase: str
+    start: float  # time.monotonic()
+    nested: float = 0.0  # seconds owned by phases inside this one
+
+    def close(self, now: float) -> float:
+        """Seconds this frame owns itself (its duration less nested phases)."""
+        return max(0.0, now - self.start - self.nested)
+
+
+class Intervals:
+    """Union of recent [start, end) spans; answers how much of a new span is not yet in it.
+
+    JAX reports nested compile spans (tracing an inner jit while tracing the outer one);
+    counting only the uncovered part keeps compile time from being counted twice.
+    """
+
+    def __init__(self, keep: int = 256) -> None:
+        self._spans: list[tuple[float, float]] = []
+        self._keep = keep
+
+    def add(self, start: float, end: float) -> float:
+        """Insert [start, end); return the length not covered before."""
+        if end <= start:
+            return 0.0
+        covered = 0.0
+        merged_start, merged_end = start, end
+        kept: list[tuple[float, float]] = []
+        for s, e in self._spans:
+            if e < start or s > end:
+                kept.append((s, e))
+                continue
+            covered += max(0.0, min(e, end) - max(s, start))
+            merged_start, merged_end = min(merged_start, s), max(merged_end, e)
+        kept.append((merged_start, merged_end))
+        kept.sort()
+        self._spans = kept[-self._keep :]
+        return (end - start) - covered
+
+
+class Accountant:
+    """Attributes wall time to phases and hands each attribution to ``sink(phase, seconds)``."""
+
+    def __init__(self, sink: Sink, step_phase: str, clock: Callable[[], float] = time.monotonic):
+        self._sink = sink
+        self._step_phase = step_phase
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._root = Frame(step_phase, clock())
+        self._loop_thread: int | None = None
+        self._compile_spans = Intervals()
+
+    def _stack(self) -> list[Frame]:
+        stack: list[Frame] | None = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def _innermost(self) -> Frame | None:
+        stack = self._stack()
+        if stack:
+            return stack[-1]
+        if threading.get_ident() == self._loop_thread:
+            return self._root
+        return None
+
+    def start_loop(self) -> None:
+        """The calling thread runs the training loop; its step interval starts now."""
+        with self._lock:
+            self._loop_thread = threading.get_ident()
+            self._root = Frame(self._step_phase, self._clock())
+
+    def open(self, phase: str) -> Frame:
+        frame = Frame(phase, self._clock())
+        self._stack().append(frame)
+        return frame
+
+    def close(self, frame: Frame) -> float:
+        """Close ``frame`` (and anything left open inside it); return its duration."""
+        now = self._clock()
+        stack = self._stack()
+        while stack:
+            top = stack.pop()
+            own = top.close(now)
+            with self._lock:
+                parent = self._innermost()
+                if parent is not None:
+                    parent.nested += now - top.start
+            self._sink(top.phase, own)
+            if top is frame:
+                break
+        return now - frame.start
+
+    def add_external(self, phase: str, seconds: float) -> None:
+        """Seconds of ``phase`` measured elsewhere that ran inside the current frame."""
+        if seconds <= 0:
+            return
+        with self._lock:
+            parent = self._innermost()
+            if parent is not None:
+                parent.nested += seconds
+        self._sink(phase, seconds)
+
+    def add_compile_span(self, phase: str, start: float, end: float) -> None:
+        """A compile span in wall-clock time; overlapping spans count once."""
+        with self._lock:
+            fresh = self._compile_spans.add(start, end)
+        self.add_external(phase, fresh)
+
+    def end_step(self) -> float:
+        """Close the current step interval, attribute its own time; return its duration."""
+        now = self._clock()
+        with self._lock:
+            self._loop_thread = threading.get_ident()
+            root = self._root
+            self._root = Frame(self._step_phase, now)
+        self._sink(self._step_phase, root.close(now))
+        return now - root.start
