@@ -44,11 +44,8 @@ class TPUJobSpec(ApiModel):
             cel(
                 "!has(self.placement) || !has(self.placement.nodePools) || "
                 "size(self.placement.nodePools) == self.numSlices",
-                message_expression=(
-                    "'placement.nodePools: pins one node pool per slice, so it needs ' + "
-                    "string(self.numSlices) + ' entries (numSlices), not ' + "
-                    "string(size(self.placement.nodePools))"
-                ),
+                "placement.nodePools pins one node pool per slice: give exactly numSlices "
+                "entries, or leave it unset to let the operator pick free pools",
                 field_path=".placement.nodePools",
             ),
         ),

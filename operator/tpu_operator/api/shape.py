@@ -49,27 +49,22 @@ def _type_info() -> str:
     return _literal(table)
 
 
-def _chips_per_host_choices() -> str:
-    """accelerator -> single-host topology -> valid chipsPerHost values.
-
-    Multi-host topologies always use 4-chip VMs (asserted below), so only single-host
-    topologies need a table.
-    """
-    table: dict[str, dict[str, list[int]]] = {}
+def _ambiguous() -> tuple[dict[str, list[str]], list[str], list[int]]:
+    """Shapes that fit two machine types: accelerator -> topologies, short types, choices."""
+    by_accelerator: dict[str, list[str]] = {}
+    choices: set[int] = set()
     for generation in catalog.GENERATIONS:
         for topology in generation.single_host:
-            choices = catalog.chips_per_host_choices(generation, topology)
-            table.setdefault(generation.accelerator, {})[topology] = list(choices)
-    return _literal(table)
-
-
-def _type_chips_per_host_choices() -> str:
-    """short type -> valid chipsPerHost values."""
-    table = {}
-    for short, (accelerator, topology) in catalog.short_types().items():
-        generation = catalog.BY_ACCELERATOR[accelerator]
-        table[short] = list(catalog.chips_per_host_choices(generation, topology))
-    return _literal(table)
+            options = catalog.chips_per_host_choices(generation, topology)
+            if len(options) > 1:
+                by_accelerator.setdefault(generation.accelerator, []).append(topology)
+                choices.update(options)
+    types = sorted(
+        short
+        for short, (accelerator, topology) in catalog.short_types().items()
+        if topology in by_accelerator.get(accelerator, [])
+    )
+    return by_accelerator, types, sorted(choices)
 
 
 MULTI_HOST_CHIPS_PER_VM = {g.multi_host_chips_per_vm for g in catalog.GENERATIONS}
@@ -95,6 +90,7 @@ def hosts_expr(s: str) -> str:
 def shape_rules() -> list[dict[str, str]]:
     """CEL rules for an object holding the shape fields (evaluated at that object)."""
     known_types = _literal(sorted(catalog.short_types()))
+    ambiguous, ambiguous_types, choices = _ambiguous()
     return [
         cel(
             "has(self.type) != has(self.accelerator)",
@@ -113,7 +109,7 @@ def shape_rules() -> list[dict[str, str]]:
                 "e.g. v5p-128 (4x4x4), v5litepod-16 (4x4), v6e-256 (16x16)'"
             ),
             field_path=".type",
-            reason="FieldValueNotSupported",
+            reason="FieldValueInvalid",
         ),
         cel(
             f"!has(self.accelerator) || self.topology in "
@@ -126,11 +122,11 @@ def shape_rules() -> list[dict[str, str]]:
             reason="FieldValueInvalid",
         ),
         cel(
-            "!has(self.chipsPerHost) || (has(self.accelerator) ? "
-            f"(self.topology in {_chips_per_host_choices()}[self.accelerator] && "
-            f"self.chipsPerHost in {_chips_per_host_choices()}[self.accelerator][self.topology]) "
-            f": (self.type in {_type_chips_per_host_choices()} && "
-            f"self.chipsPerHost in {_type_chips_per_host_choices()}[self.type]))",
+            "!has(self.chipsPerHost) || ((has(self.accelerator) ? "
+            f"(self.accelerator in {_literal(ambiguous)} && "
+            f"self.topology in {_literal(ambiguous)}[self.accelerator]) : "
+            f"self.type in {_literal(ambiguous_types)}) && "
+            f"self.chipsPerHost in {_literal(choices)})",
             "chipsPerHost only chooses the machine type where a topology fits two: v5e and "
             "v6e 2x4 run on one 8-chip VM (chipsPerHost: 8, the default) or two 4-chip VMs "
             "(chipsPerHost: 4); leave it unset otherwise",
@@ -179,16 +175,13 @@ def name_rule(shape_path: str, suffix_digits: str, kind: str) -> dict[str, str]:
     TPUJob (``suffix_digits`` counts the extra ``-<slice>`` characters).
     """
     hosts = hosts_expr(shape_path)
+    pattern = "<name>-<worker>" if suffix_digits == "0" else "<name>-<slice>-<worker>"
     length = f"size(self.metadata.name) + {suffix_digits} + 1 + size(string({hosts} - 1))"
     return cel(
         f"!{valid_shape_expr(shape_path)} || {length} <= 63",
-        message_expression=(
-            f"'metadata.name: ' + self.metadata.name + ' is too long: pod hostnames ' + "
-            f"'(<name>-<index>) would be ' + string({length}) + ' characters, the limit is "
-            f"63; shorten the {kind} name'"
-        ),
-        field_path=".metadata.name",
-        reason="FieldValueTooLong",
+        f"metadata.name is too long: every worker pod's hostname ({pattern}) must fit in "
+        f"63 characters; shorten the {kind} name",
+        reason="FieldValueInvalid",
     )
 
 
@@ -197,5 +190,4 @@ def dns_label_rule(kind: str) -> dict[str, str]:
         "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
         f"metadata.name: a {kind} name is also its headless Service's name, so it must be a "
         "DNS label: lowercase letters, digits and '-', starting with a letter",
-        field_path=".metadata.name",
     )

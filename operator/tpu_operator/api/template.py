@@ -18,12 +18,12 @@ _PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 
 class EnvVarName(ApiModel):
     model_config = {**ApiModel.model_config, "extra": "allow", "json_schema_extra": _PRESERVE}
-    name: str
+    name: str = Field(max_length=256)
 
 
 class ContainerFields(ApiModel):
     model_config = {**ApiModel.model_config, "extra": "allow", "json_schema_extra": _PRESERVE}
-    name: str
+    name: str = Field(max_length=63)
     env: list[EnvVarName] | None = Field(default=None, max_length=512)
 
 
@@ -40,11 +40,8 @@ class PodSpecFields(ApiModel):
             **rules(
                 cel(
                     f"self.containers.exists(c, c.name == '{contract.WORKER_CONTAINER}')",
-                    message_expression=(
-                        "'containers: one container must be named \""
-                        f'{contract.WORKER_CONTAINER}" (it gets the TPU chips and the worker '
-                        "env); found: ' + self.containers.map(c, c.name).join(', ')"
-                    ),
+                    f'containers: one container must be named "{contract.WORKER_CONTAINER}" '
+                    "(it gets the TPU chips and the worker env); rename the training container",
                     field_path=".containers",
                     reason="FieldValueRequired",
                 ),

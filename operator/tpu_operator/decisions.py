@@ -1,0 +1,67 @@
+"""Failure-policy decisions: restart (counted or not) or fail, and the restart backoff."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpu_operator import contract
+from tpu_operator.api.policy import FailurePolicy
+from tpu_operator.state.gang import WorkerFailure
+
+REASON_MAX_RESTARTS = "MaxRestartsExceeded"
+REASON_FATAL_EXIT = "FatalExitCode"
+
+
+@dataclass(frozen=True)
+class Decision:
+    restart: bool
+    counted: bool
+    reason: str
+    """Restart reason (the failure's) or, when not restarting, why the job fails."""
+    message: str
+
+
+def _rule_action(policy: FailurePolicy, exit_code: int) -> str | None:
+    for rule in policy.rules:
+        listed = exit_code in rule.values
+        if listed == (rule.operator == "In"):
+            return rule.action
+    return None
+
+
+def decide(failure: WorkerFailure, policy: FailurePolicy, counted_restarts: int) -> Decision:
+    """What to do after ``failure`` ended an attempt."""
+    counted = True
+    if failure.disruption:
+        counted = policy.count_disruptions
+    elif failure.exit_code is not None:
+        action = _rule_action(policy, failure.exit_code)
+        if action == "FailJob":
+            return Decision(
+                False,
+                True,
+                REASON_FATAL_EXIT,
+                f"{failure.message}; exit code {failure.exit_code} is fatal under "
+                "failurePolicy.rules",
+            )
+        if action == "RestartNotCounted":
+            counted = False
+    if counted and counted_restarts >= policy.max_restarts:
+        return Decision(
+            False,
+            True,
+            REASON_MAX_RESTARTS,
+            f"{failure.message}; failurePolicy.maxRestarts ({policy.max_restarts}) reached",
+        )
+    note = "" if counted else " (not counted against maxRestarts)"
+    if failure.exit_code == contract.EXIT_RETRYABLE:
+        note += " (the worker asked to be retried)"
+    return Decision(True, counted, failure.reason, failure.message + note)
+
+
+def backoff_seconds(policy: FailurePolicy, restart_number: int) -> float:
+    """Delay before restart number ``restart_number`` (1 for the first restart)."""
+    if restart_number < 1 or policy.backoff_seconds == 0:
+        return 0.0
+    delay = policy.backoff_seconds * 2 ** min(restart_number - 1, 30)
+    return float(min(delay, policy.max_backoff_seconds))

@@ -1,0 +1,136 @@
+"""Prometheus metrics of the operator (prefix ``tpu_operator_``, base units).
+
+Counts of jobs and slices by phase are computed at scrape time from the watch caches, so
+they are exact and cost nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from tpu_operator import __version__
+from tpu_operator.runtime.kube import RequestRecord
+
+PHASES = ("Pending", "Starting", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+RECONCILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+STARTUP_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+
+
+class PhaseCollector(Collector):
+    """tpu_operator_jobs / tpu_operator_slices by phase, read from the caches at scrape."""
+
+    def __init__(self, objects: Callable[[], tuple[Iterable[dict], Iterable[dict]]]) -> None:
+        self._objects = objects
+
+    def collect(self):  # type: ignore[override]
+        jobs, slices = self._objects()
+        for name, items, help_text in (
+            ("tpu_operator_jobs", jobs, "TPUJobs by phase"),
+            ("tpu_operator_slices", slices, "TPUSlices by phase"),
+        ):
+            tally = Tally((o.get("status") or {}).get("phase") or "Pending" for o in items)
+            family = GaugeMetricFamily(name, help_text, labels=["phase"])
+            for phase in PHASES:
+                family.add_metric([phase], tally.get(phase, 0))
+            yield family
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.reconcile_seconds = Histogram(
+            "tpu_operator_reconcile_duration_seconds",
+            "Time to reconcile one object",
+            ["kind"],
+            buckets=RECONCILE_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "tpu_operator_reconcile_errors_total",
+            "Reconciles that raised and were retried",
+            ["kind"],
+            registry=r,
+        )
+        self.pod_create_seconds = Histogram(
+            "tpu_operator_pod_create_duration_seconds",
+            "Latency of one worker pod create request",
+            buckets=RECONCILE_BUCKETS,
+            registry=r,
+        )
+        self.time_to_running_seconds = Histogram(
+            "tpu_operator_job_time_to_running_seconds",
+            "Time from TPUJob creation to all workers Running (first attempt)",
+            buckets=STARTUP_BUCKETS,
+            registry=r,
+        )
+        self.restarts = Counter(
+            "tpu_operator_restarts_total",
+            "Gang restarts by reason (Failed, Evicted, NodeLost, PodDeleted, Stalled)",
+            ["kind", "reason"],
+            registry=r,
+        )
+        self.api_requests = Counter(
+            "tpu_operator_api_requests_total",
+            "Kubernetes API requests by verb and HTTP code (0: no response)",
+            ["verb", "code"],
+            registry=r,
+        )
+        self.api_errors = Counter(
+            "tpu_operator_api_errors_total",
+            "Kubernetes API requests that failed, by verb and HTTP code (0: no response)",
+            ["verb", "code"],
+            registry=r,
+        )
+        self.api_seconds = Histogram(
+            "tpu_operator_api_request_duration_seconds",
+            "Kubernetes API request latency",
+            ["verb"],
+            buckets=RECONCILE_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "tpu_operator_workqueue_depth", "Keys waiting to be reconciled", ["queue"], registry=r
+        )
+        build = Gauge(
+            "tpu_operator_build_info",
+            "Build information (value is 1)",
+            ["version", "python"],
+            registry=r,
+        )
+        build.labels(__version__, platform.python_version()).set(1)
+
+    # reconcile-side hooks (tpu_operator.reconcile.context.Metrics)
+    def pod_created(self, seconds: float) -> None:
+        self.pod_create_seconds.observe(seconds)
+
+    def restart(self, kind: str, reason: str) -> None:
+        self.restarts.labels(kind, reason).inc()
+
+    def time_to_running(self, seconds: float) -> None:
+        self.time_to_running_seconds.observe(seconds)
+
+    # runtime hooks
+    def api_request(self, record: RequestRecord) -> None:
+        code = str(record.code)
+        self.api_requests.labels(record.verb, code).inc()
+        self.api_seconds.labels(record.verb).observe(record.seconds)
+        if record.code == 0 or record.code >= 400:
+            self.api_errors.labels(record.verb, code).inc()
+
+    def reconciled(self, queue: str, seconds: float, ok: bool) -> None:
+        self.reconcile_seconds.labels(queue).observe(seconds)
+        if not ok:
+            self.reconcile_errors.labels(queue).inc()
+
+    def watch_phases(self, objects: Callable[[], tuple[Iterable[dict], Iterable[dict]]]) -> None:
+        self.registry.register(PhaseCollector(objects))
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=address, registry=self.registry)

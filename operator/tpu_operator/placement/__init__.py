@@ -1,0 +1,1 @@
+"""Exclusive placement of multi-host slices on GKE TPU node pools."""

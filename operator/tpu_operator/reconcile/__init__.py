@@ -1,0 +1,1 @@
+"""Reconcilers: observe (watch caches), decide (pure functions), act (API requests)."""

@@ -1,0 +1,146 @@
+"""What every reconciler shares: API access, caches, events, pool reservations, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tpu_operator import contract
+from tpu_operator.reconcile.conditions import now as utc_now
+from tpu_operator.runtime.caches import Caches
+from tpu_operator.runtime.events import EventRecorder, ObjectRef
+from tpu_operator.runtime.kube import ApiError, Kube, namespaced
+
+
+class Enqueue(Protocol):
+    def add(self, key: Hashable, after: float = 0.0) -> None: ...
+
+
+class Metrics(Protocol):
+    """The subset of operator metrics the reconcilers report."""
+
+    def pod_created(self, seconds: float) -> None: ...
+    def restart(self, kind: str, reason: str) -> None: ...
+    def time_to_running(self, seconds: float) -> None: ...
+
+
+class NoMetrics:
+    def pod_created(self, seconds: float) -> None:
+        pass
+
+    def restart(self, kind: str, reason: str) -> None:
+        pass
+
+    def time_to_running(self, seconds: float) -> None:
+        pass
+
+
+@dataclass
+class Reservations:
+    """Node pools promised to a holder but maybe not yet visible in the caches.
+
+    A reservation is made before the holder's status write (so two jobs reconciled at the
+    same time cannot pick the same pool) and dropped once the caches show the holder's
+    own record of it, or the holder releases it.
+    """
+
+    by_pool: dict[str, str] = field(default_factory=dict)
+
+    def reserve(self, holder: str, pools: list[str]) -> None:
+        for pool in pools:
+            self.by_pool[pool] = holder
+
+    def release(self, holder: str) -> None:
+        for pool in [p for p, h in self.by_pool.items() if h == holder]:
+            del self.by_pool[pool]
+
+
+@dataclass
+class Context:
+    kube: Kube
+    caches: Caches
+    events: EventRecorder
+    jobs: Enqueue
+    slices: Enqueue
+    metrics: Metrics = field(default_factory=NoMetrics)
+    reservations: Reservations = field(default_factory=Reservations)
+    clock: Callable[[], dt.datetime] = utc_now
+    services: set[tuple[str, str]] = field(default_factory=set)
+    """Headless Services known to exist (namespace, name)."""
+
+    async def ensure_service(self, namespace: str, body: dict[str, Any]) -> None:
+        key = (namespace, body["metadata"]["name"])
+        if key in self.services:
+            return
+        await self.kube.create(namespaced(namespace, "services"), body)
+        self.services.add(key)
+
+
+def job_ref(body: dict[str, Any]) -> ObjectRef:
+    meta = body["metadata"]
+    return ObjectRef(
+        contract.API_VERSION, contract.JOB_KIND, meta["namespace"], meta["name"], meta["uid"]
+    )
+
+
+def slice_ref(body: dict[str, Any]) -> ObjectRef:
+    meta = body["metadata"]
+    return ObjectRef(
+        contract.API_VERSION, contract.SLICE_KIND, meta["namespace"], meta["name"], meta["uid"]
+    )
+
+
+async def write_status(
+    kube: Kube, plural: str, body: dict[str, Any], status: dict[str, Any]
+) -> bool:
+    """Replace the status (merge patch) if it changed, guarded by the resourceVersion read.
+
+    Returns False when the object changed since it was read (409): the caller's decision
+    was made on stale data and the next reconcile, on fresh data, decides again. Every
+    decision (a restart, a failure) is committed by this write before it is acted on.
+    """
+    current = body.get("status") or {}
+    if current == status:
+        return True
+    meta = body["metadata"]
+    patch: dict[str, Any] = {
+        "metadata": {"resourceVersion": meta["resourceVersion"]},
+        "status": merge_diff(current, status),
+    }
+    path = namespaced(
+        meta["namespace"],
+        plural,
+        meta["name"],
+        group=contract.GROUP,
+        version=contract.VERSION,
+        subresource="status",
+    )
+    try:
+        await kube.merge_patch(path, patch)
+    except ApiError as exc:
+        if exc.conflict or exc.not_found:
+            return False
+        raise
+    return True
+
+
+def merge_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``."""
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            nested = merge_diff(before, value)
+            if nested:
+                patch[key] = nested
+        elif value != before or key not in old:
+            patch[key] = value
+    return patch
+
+
+async def gather_bounded(coroutines: list[Any]) -> list[Any]:
+    """Run coroutines concurrently (the Kube client bounds in-flight requests)."""
+    return await asyncio.gather(*coroutines, return_exceptions=True)

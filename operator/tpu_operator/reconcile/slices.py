@@ -1,0 +1,512 @@
+"""TPUSlice reconciler: one pod per host for the slice's current attempt, and its status.
+
+Rules, applied on every reconcile from the watch caches (level-triggered):
+
+1. Pods of any other attempt are deleted.
+2. Pods of the current attempt are created only when no pod of an older attempt is left
+   anywhere in the gang (every slice of the job, for a job-owned slice), and not before
+   the restart backoff ends: no straggler of attempt N ever meets attempt N+1.
+3. A pod of the current attempt is created once. A pod that disappears after all pods of
+   the attempt were seen ends the attempt (it is not silently replaced).
+4. A suspended slice (or one whose job is suspended or finished) deletes its running
+   pods and creates none.
+5. A standalone slice restarts itself under its failurePolicy; a job-owned slice only
+   reports, and its TPUJob decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from tpu_operator import contract
+from tpu_operator.api.common import Failure
+from tpu_operator.api.policy import FailurePolicy
+from tpu_operator.api.slice import TPUSliceSpec, TPUSliceStatus
+from tpu_operator.api.status import ResolvedShape
+from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
+from tpu_operator.builders.service import headless_service
+from tpu_operator.builders.wiring import PodWiring, Ports
+from tpu_operator.catalog import CatalogError, SliceShape
+from tpu_operator.decisions import backoff_seconds, decide
+from tpu_operator.placement.pools import Request, allocate, pools_from_nodes
+from tpu_operator.reconcile.conditions import parse, set_condition, stamp
+from tpu_operator.reconcile.context import Context, slice_ref, write_status
+from tpu_operator.runtime.caches import slice_job_name
+from tpu_operator.runtime.kube import ApiError, namespaced
+from tpu_operator.state.gang import GangState, Member, assess
+from tpu_operator.state.views import PodView
+
+log = logging.getLogger(__name__)
+
+INVALID_POD_TEMPLATE = "InvalidPodTemplate"
+STUCK_GRACE = dt.timedelta(seconds=15)
+"""How long past its deletion deadline a pod on a lost node may linger before it is
+force-deleted (its kubelet is gone and will never confirm)."""
+
+
+def resolved_shape(shape: SliceShape) -> dict[str, Any]:
+    return ResolvedShape(
+        accelerator=shape.accelerator,
+        topology=shape.topology,
+        type=shape.short_type,
+        chips=shape.chips,
+        chips_per_host=shape.chips_per_host,
+        hosts=shape.hosts,
+    ).wire()
+
+
+def members_of(slice_name: str, slice_index: int, hosts: int) -> list[Member]:
+    return [Member(slice_index, w, contract.pod_name(slice_name, w)) for w in range(hosts)]
+
+
+def ports_of(spec: TPUSliceSpec) -> Ports:
+    ports = spec.ports
+    if ports is None:
+        return Ports()
+    return Ports(coordinator=ports.coordinator, megascale=ports.megascale, metrics=ports.metrics)
+
+
+class SliceReconciler:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    async def __call__(self, key: tuple[str, str]) -> float | None:
+        namespace, name = key
+        ctx = self.ctx
+        body = ctx.caches.slice(namespace, name)
+        if body is None:
+            ctx.caches.tombstones.forget_slice(namespace, name)
+            ctx.reservations.release(f"{namespace}/{name}")
+            return None
+        if body["metadata"].get("deletionTimestamp"):
+            return None
+        try:
+            spec = TPUSliceSpec.model_validate(body.get("spec") or {})
+            shape = spec.resolve()
+        except (ValidationError, CatalogError) as exc:
+            await self._invalid(body, exc)
+            return None
+        return await SliceRun(ctx, body, spec, shape).reconcile()
+
+    async def _invalid(self, body: dict[str, Any], exc: Exception) -> None:
+        now = self.ctx.clock()
+        status = dict(body.get("status") or {})
+        message = f"invalid spec: {exc}"
+        if status.get("phase") == "Failed" and status.get("message") == message:
+            return
+        status.update(
+            phase="Failed",
+            message=message,
+            conditions=set_condition(
+                list(status.get("conditions") or []),
+                "Invalid",
+                True,
+                "InvalidSpec",
+                message,
+                at=now,
+                generation=body["metadata"].get("generation"),
+            ),
+        )
+        if await write_status(self.ctx.kube, contract.SLICE_PLURAL, body, status):
+            self.ctx.events.emit(slice_ref(body), "Warning", "Invalid", message)
+
+
+class SliceRun:
+    """One reconcile of one slice."""
+
+    def __init__(
+        self, ctx: Context, body: dict[str, Any], spec: TPUSliceSpec, shape: SliceShape
+    ) -> None:
+        self.ctx = ctx
+        self.body = body
+        self.spec = spec
+        self.shape = shape
+        meta = body["metadata"]
+        self.namespace: str = meta["namespace"]
+        self.name: str = meta["name"]
+        self.job_name = slice_job_name(body)
+        self.managed = self.job_name is not None
+        self.status = TPUSliceStatus.model_validate(body.get("status") or {})
+        self.now = ctx.clock()
+        self.requeue: float | None = None
+        self.template_error = ""
+
+    def _after(self, seconds: float) -> None:
+        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+    @property
+    def holder(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    async def reconcile(self) -> float | None:
+        ctx, spec, status = self.ctx, self.spec, self.status
+        if self.managed:
+            target = spec.attempt
+            not_before = parse(spec.not_before)
+        else:
+            target = max(status.attempt, 1)
+            not_before = parse(status.not_before)
+            await ctx.ensure_service(self.namespace, self._service())
+
+        pods = ctx.caches.pods_of_slice(self.namespace, self.name)
+        gang = ctx.caches.pods_of_job(self.namespace, self.job_name) if self.job_name else pods
+        barrier = [p for p in gang if p.attempt < target]
+        created = (
+            frozenset({spec.slice_index})
+            if target and status.created_attempt >= target
+            else frozenset()
+        )
+        state = assess(
+            attempt=target,
+            members=members_of(self.name, spec.slice_index, self.shape.hosts),
+            pods=pods,
+            created_slices=created,
+            tombstones=ctx.caches.tombstones.of_slice(self.namespace, self.name, target),
+            not_ready_nodes=ctx.caches.not_ready_nodes(p.node for p in pods),
+        )
+        stopping = spec.suspend or target == 0
+        await self._delete_stale(state, target)
+        if stopping:
+            await self._stop_active(state, target)
+
+        node_pool = spec.node_pool or status.node_pool
+        waiting_for = ""
+        if not stopping and not node_pool and self.shape.multi_host and not self.managed:
+            node_pool, waiting_for = self._allocate_pool()
+
+        blocked = bool(barrier) or (not_before is not None and self.now < not_before)
+        if not_before is not None and self.now < not_before:
+            self._after((not_before - self.now).total_seconds())
+        if barrier:
+            self._after(5.0)  # also woken by the barrier pods' deletion events
+        can_create = (
+            not stopping
+            and not blocked
+            and not waiting_for
+            and state.outcome in ("Creating",)
+            and (node_pool or not self.shape.multi_host or self.managed)
+        )
+        create_error = ""
+        if can_create and state.to_create:
+            create_error = await self._create_pods(state, target, node_pool)
+
+        new = self._status(
+            state, target, stopping, blocked, bool(barrier), node_pool, waiting_for, create_error
+        )
+        previous_phase = status.phase
+        if not await write_status(ctx.kube, contract.SLICE_PLURAL, self.body, new):
+            return 0.2
+        self._events(previous_phase, new, state)
+        return self.requeue
+
+    def _service(self) -> dict[str, Any]:
+        meta = self.body["metadata"]
+        return headless_service(
+            name=self.spec.service or self.name,
+            namespace=self.namespace,
+            selector={contract.LABEL_SLICE_NAME: self.name},
+            owner=Owner(contract.API_VERSION, contract.SLICE_KIND, self.name, meta["uid"]),
+            ports=ports_of(self.spec),
+        )
+
+    def _allocate_pool(self) -> tuple[str | None, str]:
+        placement = self.spec.placement
+        held = self._held_pools()
+        allocation = allocate(
+            [
+                Request(
+                    self.shape,
+                    spot=placement.spot if placement else None,
+                    reservation=placement.reservation if placement else None,
+                )
+            ],
+            pools_from_nodes(self.ctx.caches.tpu_nodes()),
+            held,
+        )
+        if allocation.pools is None:
+            self._after(15.0)
+            return None, allocation.message
+        self.ctx.reservations.reserve(self.holder, allocation.pools)
+        return allocation.pools[0], ""
+
+    def _held_pools(self) -> dict[str, str]:
+        return held_pools(self.ctx, exclude=self.holder)
+
+    async def _delete_stale(self, state: GangState, target: int) -> None:
+        kube = self.ctx.kube
+        path = namespaced(self.namespace, "pods")
+        if any(not p.deleting for p in state.stale):
+            selector = (
+                f"{contract.LABEL_SLICE_NAME}={self.name},"
+                f"{contract.LABEL_RESTART_ATTEMPT}!={target}"
+            )
+            await kube.delete_collection(path, label_selector=selector)
+        await self._force_stuck([p for p in state.stale if p.deleting])
+
+    async def _stop_active(self, state: GangState, target: int) -> None:
+        if not any(not p.deleting for p in state.active):
+            await self._force_stuck([p for p in state.active if p.deleting])
+            return
+        selector = (
+            f"{contract.LABEL_SLICE_NAME}={self.name},{contract.LABEL_RESTART_ATTEMPT}={target}"
+        )
+        await self.ctx.kube.delete_collection(
+            namespaced(self.namespace, "pods"),
+            label_selector=selector,
+            field_selector="status.phase!=Succeeded,status.phase!=Failed",
+        )
+
+    async def _force_stuck(self, deleting: list[PodView]) -> None:
+        """Force-delete pods whose node is gone or not ready, past their deletion deadline."""
+        lost = self.ctx.caches.not_ready_nodes(p.node for p in deleting)
+        for pod in deleting:
+            deadline = parse(pod.deletion_deadline)
+            if not (pod.node is None or pod.node in lost) or deadline is None:
+                continue
+            if self.now < deadline + STUCK_GRACE:
+                self._after((deadline + STUCK_GRACE - self.now).total_seconds())
+                continue
+            log.warning(
+                "force-deleting pod %s/%s: node %s is not ready and cannot confirm it stopped",
+                self.namespace,
+                pod.name,
+                pod.node,
+            )
+            await self.ctx.kube.delete(
+                namespaced(self.namespace, "pods", pod.name), grace_seconds=0, uid=pod.uid
+            )
+
+    async def _create_pods(self, state: GangState, target: int, node_pool: str | None) -> str:
+        spec = self.spec
+        meta = self.body["metadata"]
+        owner = Owner(contract.API_VERSION, contract.SLICE_KIND, self.name, meta["uid"])
+        placement = spec.placement
+        failure_policy = spec.failure_policy or FailurePolicy()
+        node_placement = NodePlacement(
+            node_pool=node_pool,
+            spot=placement.spot if placement else None,
+            reservation=placement.reservation if placement else None,
+            extra_selector=dict(placement.node_selector or {}) if placement else {},
+            not_ready_timeout_seconds=failure_policy.node_not_ready_timeout_seconds,
+        )
+        template = (self.body.get("spec") or {}).get("template") or {}
+        job_name = self.job_name or self.name
+        ports = ports_of(spec)
+        path = namespaced(self.namespace, "pods")
+
+        async def create(member: Member) -> None:
+            wiring = PodWiring(
+                job_name=job_name,
+                service=spec.service or self.name,
+                slice_name=self.name,
+                shape=self.shape,
+                num_slices=spec.num_slices,
+                slice_index=spec.slice_index,
+                worker_index=member.worker_index,
+                attempt=target,
+                ports=ports,
+                slice_names=() if self.managed else (self.name,),
+            )
+            pod = worker_pod(
+                namespace=self.namespace,
+                wiring=wiring,
+                template=template,
+                owner=owner,
+                placement=node_placement,
+            )
+            started = time.monotonic()
+            if await self.ctx.kube.create(path, pod) is not None:
+                self.ctx.metrics.pod_created(time.monotonic() - started)
+
+        results = await asyncio.gather(
+            *(create(m) for m in state.to_create), return_exceptions=True
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if not errors:
+            return ""
+        invalid = [e for e in errors if isinstance(e, ApiError) and e.invalid]
+        if invalid:
+            self.template_error = (
+                f"the apiserver rejected the worker pod: {invalid[0].message}; fix "
+                "spec.template (the job cannot run with it)"
+            )
+            return self.template_error
+        forbidden = [e for e in errors if isinstance(e, ApiError) and e.status == 403]
+        if forbidden:
+            self._after(30.0)
+            return f"pods cannot be created (retrying in 30 s): {forbidden[0].message}"
+        raise errors[0]
+
+    def _status(
+        self,
+        state: GangState,
+        target: int,
+        stopping: bool,
+        blocked: bool,
+        draining: bool,
+        node_pool: str | None,
+        waiting_for: str,
+        create_error: str,
+    ) -> dict[str, Any]:
+        spec, old = self.spec, self.status
+        status = old.model_copy(deep=True)
+        status.observed_generation = self.body["metadata"].get("generation")
+        status.shape = ResolvedShape.model_validate(resolved_shape(self.shape))
+        status.attempt = target
+        status.workers = state.total
+        status.ready_workers = state.ready
+        status.ready = f"{state.ready}/{state.total}"
+        if not self.managed:
+            status.node_pool = None if stopping else node_pool
+        else:
+            status.node_pool = node_pool
+        if target and not stopping and not state.to_create and state.outcome != "Creating":
+            status.created_attempt = max(status.created_attempt, target)
+        if status.start_time is None and state.total and not state.to_create:
+            status.start_time = stamp(self.now)
+        message = ""
+        if self.template_error:
+            phase, message = "Failed", self.template_error
+            status.failure = Failure(
+                attempt=target,
+                reason=INVALID_POD_TEMPLATE,
+                message=message,
+                counted=False,
+                time=stamp(self.now),
+            )
+        elif create_error:
+            phase, message = "Pending", create_error
+        elif state.outcome in ("Succeeded", "Failed") and not blocked:
+            phase = state.outcome
+            if state.outcome == "Succeeded":
+                message = f"all {state.total} workers exited 0"
+            if state.failure is not None:
+                message = state.failure.message
+                status.failure = Failure(
+                    attempt=target,
+                    reason=state.failure.reason,
+                    message=state.failure.message,
+                    pod=state.failure.pod,
+                    node=state.failure.node,
+                    exit_code=state.failure.exit_code,
+                    time=stamp(self.now),
+                )
+        elif stopping:
+            phase = "Suspended" if spec.suspend else "Pending"
+            message = "suspended" if spec.suspend else "waiting for the job to start"
+        elif waiting_for:
+            phase, message = "Pending", waiting_for
+        elif blocked:
+            phase = "Restarting"
+            message = (
+                "waiting for the previous attempt's pods to stop"
+                if draining
+                else "waiting for the restart backoff"
+            )
+        elif state.outcome == "Creating" and len(state.to_create) == state.total:
+            phase, message = "Pending", "creating pods"
+        elif state.outcome in ("Creating", "Starting"):
+            phase = "Starting"
+            if state.unschedulable:
+                message = (
+                    f"pod {state.unschedulable[0]} cannot be scheduled: {state.unschedulable[1]}"
+                )
+            else:
+                message = f"{state.ready}/{state.total} workers ready"
+        else:
+            phase, message = "Running", f"{state.total} workers running"
+
+        if not self.managed and phase == "Failed" and not self.template_error and state.failure:
+            phase, message = self._standalone_failure(status, state, target)
+        if phase in ("Succeeded", "Failed") and status.completion_time is None:
+            status.completion_time = stamp(self.now)
+        status.phase = phase  # type: ignore[assignment]
+        status.message = message
+        generation = self.body["metadata"].get("generation")
+        conditions = [c.wire() for c in status.conditions]
+        conditions = set_condition(
+            conditions,
+            "Ready",
+            phase == "Running",
+            phase,
+            message,
+            at=self.now,
+            generation=generation,
+        )
+        conditions = set_condition(
+            conditions,
+            "Suspended",
+            spec.suspend,
+            "Suspended" if spec.suspend else "Active",
+            "",
+            at=self.now,
+            generation=generation,
+        )
+        result = status.wire()
+        result["conditions"] = conditions
+        return result
+
+    def _standalone_failure(
+        self, status: TPUSliceStatus, state: GangState, target: int
+    ) -> tuple[str, str]:
+        """A standalone slice decides its own restart (status is updated in place)."""
+        assert state.failure is not None
+        policy = self.spec.failure_policy or FailurePolicy()
+        decision = decide(state.failure, policy, status.counted_restarts)
+        if status.failure is not None:
+            status.failure.counted = decision.counted
+        if not decision.restart:
+            return "Failed", decision.message
+        status.restarts += 1
+        status.counted_restarts += int(decision.counted)
+        status.restarts_by_reason[decision.reason] = (
+            status.restarts_by_reason.get(decision.reason, 0) + 1
+        )
+        delay = backoff_seconds(policy, status.restarts)
+        status.not_before = stamp(self.now + dt.timedelta(seconds=delay)) if delay else None
+        status.attempt = target + 1
+        status.completion_time = None
+        self.ctx.metrics.restart(contract.SLICE_KIND, decision.reason)
+        self._after(max(delay, 0.01))
+        return "Restarting", f"restarting (attempt {target + 1}): {decision.message}"
+
+    def _events(self, previous: str, new: dict[str, Any], state: GangState) -> None:
+        phase = new["phase"]
+        if phase == previous:
+            return
+        ref = slice_ref(self.body)
+        message = new.get("message", "")
+        if phase in ("Failed", "Restarting"):
+            self.ctx.events.emit(ref, "Warning", phase, message)
+        elif phase in ("Running", "Succeeded", "Suspended"):
+            self.ctx.events.emit(ref, "Normal", phase, message)
+
+
+def held_pools(ctx: Context, exclude: str = "") -> dict[str, str]:
+    """Node pools held by active jobs and standalone slices (pool -> holder)."""
+    held: dict[str, str] = {}
+    for job in ctx.caches.jobs():
+        status = job.get("status") or {}
+        holder = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+        if holder == exclude or status.get("phase") in ("Succeeded", "Failed", "Suspended"):
+            continue
+        for pool in status.get("nodePools") or []:
+            held[pool] = holder
+    for body in ctx.caches.all_slices():
+        meta = body["metadata"]
+        holder = f"{meta['namespace']}/{meta['name']}"
+        status = body.get("status") or {}
+        if holder == exclude or slice_job_name(body) is not None:
+            continue
+        if status.get("nodePool") and status.get("phase") not in ("Succeeded", "Failed"):
+            held[status["nodePool"]] = holder
+    for pool, holder in ctx.reservations.by_pool.items():
+        if holder != exclude:
+            held.setdefault(pool, holder)
+    return held

@@ -1,0 +1,1 @@
+"""The operator's runtime: API access, work queues, event posting, watch caches."""

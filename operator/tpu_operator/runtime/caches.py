@@ -1,0 +1,129 @@
+"""Typed read access to the watch caches (kopf indexes) the reconcilers work from.
+
+kopf keeps one index per watched kind, filled before any handler runs. Each index maps a
+key to a collection of values; the keys used here:
+
+- pods: ("slice", ns, slice) / ("job", ns, job) / ("node", node) -> PodView
+- slices: ("slice", ns, name) / ("job", ns, job) -> TPUSlice body
+- jobs: (ns, name) -> TPUJob body
+- nodes: ("node", name) / ("tpu",) -> NodeView
+
+Pods that were deleted leave a tombstone (their last state) so a gang can tell why a
+worker vanished after the index forgot it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+from tpu_operator import contract
+from tpu_operator.state.views import NodeView, PodView
+
+Index = Mapping[Any, Collection[Any]]
+TOMBSTONE_TTL = 3600.0
+
+
+class Tombstones:
+    """Last seen state of deleted worker pods, per gang member name."""
+
+    def __init__(self) -> None:
+        self._by_slice: dict[tuple[str, str], dict[str, tuple[PodView, float]]] = {}
+
+    def record(self, pod: PodView) -> None:
+        self._by_slice.setdefault((pod.namespace, pod.slice_name), {})[pod.name] = (
+            pod,
+            time.monotonic(),
+        )
+
+    def of_slice(self, namespace: str, slice_name: str, attempt: int) -> dict[str, PodView]:
+        entries = self._by_slice.get((namespace, slice_name), {})
+        return {name: pod for name, (pod, _) in entries.items() if pod.attempt == attempt}
+
+    def forget_slice(self, namespace: str, slice_name: str) -> None:
+        self._by_slice.pop((namespace, slice_name), None)
+
+    def prune(self) -> None:
+        cutoff = time.monotonic() - TOMBSTONE_TTL
+        for key in list(self._by_slice):
+            entries = {n: e for n, e in self._by_slice[key].items() if e[1] >= cutoff}
+            if entries:
+                self._by_slice[key] = entries
+            else:
+                del self._by_slice[key]
+
+
+def _values(index: Index, key: Any) -> list[Any]:
+    return list(index.get(key, ()))
+
+
+def _first(index: Index, key: Any) -> Any:
+    for value in index.get(key, ()):
+        return value
+    return None
+
+
+class Caches:
+    def __init__(self, *, pods: Index, slices: Index, jobs: Index, nodes: Index) -> None:
+        self._pods = pods
+        self._slices = slices
+        self._jobs = jobs
+        self._nodes = nodes
+        self.tombstones = Tombstones()
+
+    # TPUJobs
+    def job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return _first(self._jobs, (namespace, name))
+
+    def jobs(self) -> Iterable[dict[str, Any]]:
+        for store in self._jobs.values():
+            yield from store
+
+    # TPUSlices
+    def slice(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return _first(self._slices, ("slice", namespace, name))
+
+    def slices_of_job(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return _values(self._slices, ("job", namespace, job))
+
+    def all_slices(self) -> Iterable[dict[str, Any]]:
+        for key, store in self._slices.items():
+            if key[0] == "slice":
+                yield from store
+
+    # Pods
+    def pods_of_slice(self, namespace: str, slice_name: str) -> list[PodView]:
+        return _values(self._pods, ("slice", namespace, slice_name))
+
+    def pods_of_job(self, namespace: str, job: str) -> list[PodView]:
+        return _values(self._pods, ("job", namespace, job))
+
+    def pods_on_node(self, node: str) -> list[PodView]:
+        return _values(self._pods, ("node", node))
+
+    # Nodes
+    def node(self, name: str) -> NodeView | None:
+        return _first(self._nodes, ("node", name))
+
+    def tpu_nodes(self) -> list[NodeView]:
+        return _values(self._nodes, ("tpu",))
+
+    def not_ready_nodes(self, names: Iterable[str | None]) -> frozenset[str]:
+        """The nodes among ``names`` that are not Ready or no longer exist."""
+        found = set()
+        for name in names:
+            if not name:
+                continue
+            node = self.node(name)
+            if node is None or not node.ready:
+                found.add(name)
+        return frozenset(found)
+
+
+def slice_job_name(body: Mapping[str, Any]) -> str | None:
+    """The TPUJob that owns a TPUSlice (from its controller owner reference), if any."""
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == contract.JOB_KIND and ref.get("controller"):
+            return ref.get("name")
+    return None

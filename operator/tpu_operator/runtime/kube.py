@@ -1,0 +1,267 @@
+"""Async access to the Kubernetes API over the official ``kubernetes`` client.
+
+The official client is synchronous, so each request runs in a dedicated thread pool and
+the event loop never blocks. Requests go through the client's own serialization, auth
+and TLS (``ApiClient.param_serialize`` / ``call_api``) but skip model deserialization:
+responses are parsed as plain JSON (in the worker thread), which is what the operator's
+builders and views work with anyway. A semaphore bounds concurrent requests to the pool
+size, and the urllib3 connection pool is sized to match so no request waits for a socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes
+from kubernetes.client import ApiClient, Configuration
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+class ApiError(Exception):
+    """A failed API request: HTTP status, the apiserver's reason and message."""
+
+    def __init__(self, verb: str, path: str, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{verb} {path}: {status} {reason}: {message}")
+        self.verb = verb
+        self.path = path
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        """409: the object exists already (create) or changed since it was read (update)."""
+        return self.status == 409
+
+    @property
+    def invalid(self) -> bool:
+        return self.status in (400, 422)
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    verb: str
+    code: int
+    seconds: float
+
+
+Observer = Callable[[RequestRecord], None]
+
+
+def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> Configuration:
+    """Client configuration from a kubeconfig file, else the in-cluster service account."""
+    config = Configuration()
+    try:
+        kubernetes.config.load_kube_config(
+            config_file=kubeconfig, context=context, client_configuration=config
+        )
+    except (kubernetes.config.ConfigException, FileNotFoundError, TypeError):
+        if kubeconfig:
+            raise
+        kubernetes.config.load_incluster_config(client_configuration=config)
+    return config
+
+
+def connection_info(config: Configuration) -> Any:
+    """The same credentials as a ``kopf.ConnectionInfo`` (for kopf's own watch client)."""
+    import kopf
+
+    token = None
+    for key in ("BearerToken", "authorization"):
+        value = (config.api_key or {}).get(key)
+        if value:
+            token = value.removeprefix("Bearer ").strip()
+            break
+    return kopf.ConnectionInfo(
+        server=config.host,
+        ca_path=config.ssl_ca_cert,
+        insecure=not config.verify_ssl,
+        certificate_path=config.cert_file,
+        private_key_path=config.key_file,
+        token=token,
+        username=config.username or None,
+        password=config.password or None,
+    )
+
+
+class Kube:
+    """Bounded, non-blocking Kubernetes API requests returning plain JSON."""
+
+    def __init__(
+        self,
+        configuration: Configuration,
+        *,
+        concurrency: int = 32,
+        timeout: float = 30.0,
+        observer: Observer | None = None,
+    ) -> None:
+        configuration.connection_pool_maxsize = concurrency
+        self._client = ApiClient(configuration)
+        self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
+        self._slots = asyncio.Semaphore(concurrency)
+        self._timeout = timeout
+        self._observer = observer
+        self.concurrency = concurrency
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+
+    def _call(
+        self,
+        verb: str,
+        path: str,
+        query: Mapping[str, str] | None,
+        body: Any,
+        content_type: str | None,
+    ) -> tuple[int, Any]:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        method, url, header_params, payload, _ = self._client.param_serialize(
+            method=verb,
+            resource_path=path,
+            query_params=list(query.items()) if query else None,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self._client.call_api(
+            method,
+            url,
+            header_params=header_params,
+            body=payload,
+            _request_timeout=self._timeout,
+        )
+        raw = response.read()
+        return response.status, json.loads(raw) if raw else None
+
+    async def request(
+        self,
+        verb: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> Any:
+        """Send one request; return the decoded JSON body or raise ApiError."""
+        loop = asyncio.get_running_loop()
+        async with self._slots:
+            started = time.monotonic()
+            try:
+                status, data = await loop.run_in_executor(
+                    self._executor, self._call, verb, path, query, body, content_type
+                )
+            except kubernetes.client.ApiException as exc:
+                status, data = exc.status or 0, _decode(exc.body)
+            except Exception as exc:  # connection refused, timeout, TLS ...
+                self._observe(verb, 0, started)
+                raise ApiError(verb, path, 0, type(exc).__name__, str(exc)) from exc
+        self._observe(verb, status, started)
+        if status >= 400:
+            data = data if isinstance(data, dict) else {}
+            raise ApiError(
+                verb, path, status, data.get("reason", ""), data.get("message", str(data))
+            )
+        return data
+
+    def _observe(self, verb: str, status: int, started: float) -> None:
+        if self._observer is not None:
+            self._observer(RequestRecord(verb, status, time.monotonic() - started))
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create; None when an object of that name exists already (409)."""
+        try:
+            return await self.request("POST", path, body=body)
+        except ApiError as exc:
+            if exc.conflict:
+                return None
+            raise
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        """Get; None when it does not exist."""
+        try:
+            return await self.request("GET", path)
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+
+    async def delete(
+        self,
+        path: str,
+        *,
+        grace_seconds: int | None = None,
+        uid: str | None = None,
+        propagation: str | None = None,
+    ) -> bool:
+        """Delete; False when it was already gone (404, or a UID precondition failed)."""
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        if propagation:
+            options["propagationPolicy"] = propagation
+        try:
+            await self.request("DELETE", path, body=options)
+        except ApiError as exc:
+            if exc.not_found or (uid and exc.conflict):
+                return False
+            raise
+        return True
+
+    async def delete_collection(
+        self, path: str, *, label_selector: str, field_selector: str | None = None
+    ) -> None:
+        query = {"labelSelector": label_selector}
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        await self.request("DELETE", path, query=query)
+
+
+def _decode(raw: object) -> Any:
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return {"message": str(raw)}
+
+
+def namespaced(
+    namespace: str,
+    plural: str,
+    name: str | None = None,
+    *,
+    group: str = "",
+    version: str = "v1",
+    subresource: str | None = None,
+) -> str:
+    """The REST path of a namespaced object or collection."""
+    base = f"/api/{version}" if not group else f"/apis/{group}/{version}"
+    path = f"{base}/namespaces/{namespace}/{plural}"
+    if name:
+        path += f"/{name}"
+    if subresource:
+        path += f"/{subresource}"
+    return path

@@ -1,0 +1,129 @@
+"""A level-triggered work queue: each key reconciled by one worker at a time.
+
+Watch events only say "look at this key again"; a burst of events for one key collapses
+into one reconcile, a key that changes while it is being reconciled runs once more after,
+and a reconcile can ask to run again after a delay (restart backoff, deadlines, TTLs).
+Failures are retried per key with exponential backoff. The same pattern as
+controller-runtime's rate-limited queue, in asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+Handler = Callable[[K], Awaitable[float | None]]
+Observer = Callable[[str, float, bool], None]
+
+log = logging.getLogger(__name__)
+
+
+class WorkQueue(Generic[K]):
+    def __init__(
+        self,
+        name: str,
+        handler: Handler[K],
+        *,
+        workers: int = 8,
+        base_retry: float = 0.5,
+        max_retry: float = 60.0,
+        observer: Observer | None = None,
+    ) -> None:
+        self.name = name
+        self._handler = handler
+        self._workers = workers
+        self._base_retry = base_retry
+        self._max_retry = max_retry
+        self._observer = observer
+        self._ready: asyncio.Queue[K] = asyncio.Queue()
+        self._queued: set[K] = set()
+        self._running: set[K] = set()
+        self._dirty: set[K] = set()
+        self._failures: dict[K, int] = {}
+        self._delayed: list[tuple[float, int, K]] = []
+        self._due: dict[K, float] = {}
+        self._counter = itertools.count()
+        self._wakeup = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def add(self, key: K, after: float = 0.0) -> None:
+        """Reconcile ``key`` (again), now or after ``after`` seconds."""
+        if after > 0:
+            due = time.monotonic() + after
+            if self._due.get(key, float("inf")) <= due:
+                return
+            self._due[key] = due
+            heapq.heappush(self._delayed, (due, next(self._counter), key))
+            self._wakeup.set()
+            return
+        if key in self._running:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._ready.put_nowait(key)
+
+    def __len__(self) -> int:
+        return len(self._queued) + len(self._delayed)
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._work(), name=f"{self.name}-worker-{i}")
+            for i in range(self._workers)
+        ]
+        self._tasks.append(asyncio.create_task(self._timer(), name=f"{self.name}-timer"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _timer(self) -> None:
+        while True:
+            now = time.monotonic()
+            while self._delayed and self._delayed[0][0] <= now:
+                due, _, key = heapq.heappop(self._delayed)
+                if self._due.get(key) == due:
+                    del self._due[key]
+                    self.add(key)
+            timeout = self._delayed[0][0] - now if self._delayed else None
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._ready.get()
+            self._queued.discard(key)
+            self._running.add(key)
+            started = time.monotonic()
+            ok = True
+            try:
+                again = await self._handler(key)
+                self._failures.pop(key, None)
+                if again is not None:
+                    self.add(key, max(again, 0.001))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                ok = False
+                failures = self._failures.get(key, 0) + 1
+                self._failures[key] = failures
+                delay = min(self._base_retry * 2 ** (failures - 1), self._max_retry)
+                log.exception(
+                    "%s: reconciling %s failed; retrying in %.1f s", self.name, key, delay
+                )
+                self.add(key, delay)
+            finally:
+                self._running.discard(key)
+                if self._observer is not None:
+                    self._observer(self.name, time.monotonic() - started, ok)
+            if key in self._dirty:
+                self._dirty.discard(key)
+                self.add(key)

@@ -1,0 +1,1 @@
+"""Compact views of cluster objects and pure assessments over them."""

@@ -1,0 +1,212 @@
+"""Assess one attempt of a gang (a job's or a standalone slice's pods): pure.
+
+Gang semantics: any worker failing, being deleted or evicted, or losing its node ends the
+attempt for the whole gang. When several workers fail, a disruption anywhere in the gang
+(eviction, preemption, node loss) is taken as the cause, since the other failures usually
+follow from it (a peer vanished); otherwise the earliest failure is the cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tpu_operator.state.views import PodView
+
+Outcome = Literal["Creating", "Starting", "Running", "Succeeded", "Failed"]
+SuccessPolicy = Literal["AllWorkers", "LeaderWorker"]
+
+# DisruptionTarget reasons (and kubelet reasons) by the cause a user cares about.
+NODE_LOSS = {"DeletionByTaintManager", "DeletionByPodGC", "NodeLost", "Shutdown", "Terminated"}
+REASON_FAILED = "Failed"
+REASON_EVICTED = "Evicted"
+REASON_NODE_LOST = "NodeLost"
+REASON_POD_DELETED = "PodDeleted"
+DISRUPTION_REASONS = frozenset({REASON_EVICTED, REASON_NODE_LOST})
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFailure:
+    """What ended an attempt, seen on one worker."""
+
+    reason: str
+    message: str
+    pod: str
+    node: str | None
+    exit_code: int | None
+    time: str | None
+
+    @property
+    def disruption(self) -> bool:
+        return self.reason in DISRUPTION_REASONS
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A pod the attempt should have."""
+
+    slice_index: int
+    worker_index: int
+    name: str
+
+
+@dataclass
+class SliceCount:
+    total: int = 0
+    existing: int = 0
+    ready: int = 0
+    succeeded: int = 0
+
+
+@dataclass
+class GangState:
+    attempt: int
+    outcome: Outcome
+    total: int
+    ready: int = 0
+    succeeded: int = 0
+    to_create: list[Member] = field(default_factory=list)
+    failure: WorkerFailure | None = None
+    unschedulable: tuple[str, str] | None = None
+    """(pod, scheduler message) of a pod the scheduler cannot place."""
+    slices: dict[int, SliceCount] = field(default_factory=dict)
+    stale: list[PodView] = field(default_factory=list)
+    """Pods of other attempts (to delete; the next attempt waits until they are gone)."""
+    active: list[PodView] = field(default_factory=list)
+    """Pods of this attempt that still run or wait to run."""
+
+
+def _classify(pod: PodView, not_ready_nodes: frozenset[str]) -> WorkerFailure | None:
+    """Why ``pod`` ended the attempt, or None while it is healthy (or succeeded)."""
+    where = f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
+    if pod.disruption is not None:
+        reason = REASON_NODE_LOST if pod.disruption in NODE_LOSS else REASON_EVICTED
+        return WorkerFailure(
+            reason,
+            f"{where} was disrupted ({pod.disruption})",
+            pod.name,
+            pod.node,
+            pod.exit_code,
+            pod.finished,
+        )
+    if pod.node and pod.node in not_ready_nodes and pod.active:
+        return WorkerFailure(
+            REASON_NODE_LOST, f"{where}: the node is not ready", pod.name, pod.node, None, None
+        )
+    if pod.phase == "Failed":
+        code = pod.exit_code
+        detail = f"exited with code {code}" if code is not None else "failed"
+        if pod.exit_reason and pod.exit_reason not in ("Error", "Completed"):
+            detail += f" ({pod.exit_reason})"
+        return WorkerFailure(
+            REASON_FAILED, f"{where} {detail}", pod.name, pod.node, code, pod.finished
+        )
+    if pod.deleting and pod.active:
+        return WorkerFailure(
+            REASON_POD_DELETED,
+            f"{where} was deleted while running",
+            pod.name,
+            pod.node,
+            None,
+            None,
+        )
+    return None
+
+
+def _vanished(member: Member, tombstone: PodView | None, not_ready: frozenset[str]):
+    if tombstone is not None:
+        found = _classify(tombstone, not_ready)
+        if found is not None:
+            return found
+        if tombstone.phase == "Succeeded":
+            return None
+    return WorkerFailure(
+        REASON_POD_DELETED,
+        f"pod {member.name} disappeared after it was created",
+        member.name,
+        tombstone.node if tombstone else None,
+        None,
+        None,
+    )
+
+
+def _cause(failures: list[WorkerFailure]) -> WorkerFailure:
+    disruptions = [f for f in failures if f.disruption]
+    pool = disruptions or failures
+    return min(pool, key=lambda f: (f.time or "9999", f.pod))
+
+
+def assess(
+    *,
+    attempt: int,
+    members: Iterable[Member],
+    pods: Iterable[PodView],
+    created_slices: frozenset[int] = frozenset(),
+    tombstones: Mapping[str, PodView] | None = None,
+    not_ready_nodes: frozenset[str] = frozenset(),
+    success_policy: SuccessPolicy = "AllWorkers",
+) -> GangState:
+    """The state of ``attempt`` given the pods that exist now.
+
+    ``created_slices`` are slices whose pods of this attempt were all seen created once: a
+    member missing from them has vanished (a failure) rather than waiting to be created.
+    ``tombstones`` are the last seen states of deleted pods of this attempt, by name.
+    """
+    tombstones = tombstones or {}
+    by_name: dict[str, PodView] = {}
+    stale: list[PodView] = []
+    for pod in pods:
+        if pod.attempt == attempt:
+            by_name[pod.name] = pod
+        else:
+            stale.append(pod)
+    state = GangState(attempt=attempt, outcome="Creating", total=0, stale=stale)
+    failures: list[WorkerFailure] = []
+    leader_succeeded = False
+    for member in members:
+        state.total += 1
+        count = state.slices.setdefault(member.slice_index, SliceCount())
+        count.total += 1
+        pod = by_name.get(member.name)
+        if pod is None:
+            if member.slice_index in created_slices or member.name in tombstones:
+                vanished = _vanished(member, tombstones.get(member.name), not_ready_nodes)
+                if vanished is not None:
+                    failures.append(vanished)
+                else:
+                    count.succeeded += 1
+                    state.succeeded += 1
+            else:
+                state.to_create.append(member)
+            continue
+        count.existing += 1
+        failure = _classify(pod, not_ready_nodes)
+        if failure is not None:
+            failures.append(failure)
+        elif pod.phase == "Succeeded":
+            count.succeeded += 1
+            state.succeeded += 1
+            if member.slice_index == 0 and member.worker_index == 0:
+                leader_succeeded = True
+        else:
+            state.active.append(pod)
+            if pod.ready and pod.phase == "Running":
+                count.ready += 1
+                state.ready += 1
+            elif pod.unschedulable and state.unschedulable is None:
+                state.unschedulable = (pod.name, pod.unschedulable)
+    if failures:
+        state.outcome = "Failed"
+        state.failure = _cause(failures)
+    elif state.total and (
+        state.succeeded == state.total or (success_policy == "LeaderWorker" and leader_succeeded)
+    ):
+        state.outcome = "Succeeded"
+    elif state.to_create:
+        state.outcome = "Creating"
+    elif state.ready + state.succeeded == state.total:
+        state.outcome = "Running"
+    else:
+        state.outcome = "Starting"
+    return state

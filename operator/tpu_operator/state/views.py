@@ -1,0 +1,161 @@
+"""Compact, immutable views of the pods, slices and nodes the operator watches.
+
+The watch caches keep these instead of whole objects: a 256-host slice's pods cost a few
+hundred bytes each, and every assessment reads only these fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tpu_operator import contract
+
+_DISRUPTION_STATUS_REASONS = {"Evicted", "Preempting", "Terminated", "Shutdown", "NodeLost"}
+
+
+def _int(value: object, default: int = -1) -> int:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    name: str
+    namespace: str
+    uid: str
+    job_name: str
+    slice_name: str
+    slice_index: int
+    worker_index: int
+    attempt: int
+    phase: str
+    ready: bool
+    deletion_deadline: str | None
+    """deletionTimestamp: when the pod's grace period ends, once it is being deleted."""
+    node: str | None
+    pod_ip: str | None
+    exit_code: int | None
+    exit_reason: str | None
+    disruption: str | None
+    """Reason of a True DisruptionTarget condition (or a kubelet eviction reason)."""
+    unschedulable: str | None
+    """The scheduler's message while the pod cannot be placed."""
+    created: str | None
+    started: str | None
+    finished: str | None
+
+    @property
+    def deleting(self) -> bool:
+        return self.deletion_deadline is not None
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def active(self) -> bool:
+        return not self.terminal
+
+
+def _worker_termination(status: Mapping[str, Any]) -> tuple[int | None, str | None, str | None]:
+    """Exit code, reason and finish time: the worker container's, else the first failing one."""
+    statuses = list(status.get("containerStatuses") or [])
+    statuses.sort(key=lambda s: s.get("name") != contract.WORKER_CONTAINER)
+    chosen = None
+    for container in statuses:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated is None:
+            continue
+        if chosen is None or (chosen.get("exitCode") == 0 and terminated.get("exitCode") != 0):
+            chosen = terminated
+    if chosen is None:
+        return None, None, None
+    return chosen.get("exitCode"), chosen.get("reason"), chosen.get("finishedAt")
+
+
+def pod_view(body: Mapping[str, Any]) -> PodView | None:
+    """The view of a worker pod, or None for a pod without the operator's labels."""
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    slice_name = labels.get(contract.LABEL_SLICE_NAME)
+    if not slice_name:
+        return None
+    status = body.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = (conditions.get("Ready") or {}).get("status") == "True"
+    disruption_condition = conditions.get("DisruptionTarget") or {}
+    disruption = (
+        disruption_condition.get("reason") or "DisruptionTarget"
+        if disruption_condition.get("status") == "True"
+        else None
+    )
+    if disruption is None and status.get("reason") in _DISRUPTION_STATUS_REASONS:
+        disruption = status["reason"]
+    scheduled = conditions.get("PodScheduled") or {}
+    unschedulable = (
+        scheduled.get("message") or "Unschedulable"
+        if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
+        else None
+    )
+    exit_code, exit_reason, finished = _worker_termination(status)
+    return PodView(
+        name=meta.get("name", ""),
+        namespace=meta.get("namespace", ""),
+        uid=meta.get("uid", ""),
+        job_name=labels.get(contract.LABEL_JOB_NAME, slice_name),
+        slice_name=slice_name,
+        slice_index=_int(labels.get(contract.LABEL_SLICE_INDEX), 0),
+        worker_index=_int(labels.get(contract.LABEL_WORKER_INDEX)),
+        attempt=_int(labels.get(contract.LABEL_RESTART_ATTEMPT), 0),
+        phase=status.get("phase") or "Pending",
+        ready=ready,
+        deletion_deadline=meta.get("deletionTimestamp"),
+        node=(body.get("spec") or {}).get("nodeName"),
+        pod_ip=status.get("podIP"),
+        exit_code=exit_code,
+        exit_reason=exit_reason,
+        disruption=disruption,
+        unschedulable=unschedulable,
+        created=meta.get("creationTimestamp"),
+        started=status.get("startTime"),
+        finished=finished,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    pool: str | None
+    accelerator: str | None
+    topology: str | None
+    ready: bool
+    unschedulable: bool
+    spot: bool
+    reservation: str | None
+    tpu_chips: int
+
+
+def node_view(body: Mapping[str, Any]) -> NodeView:
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = body.get("status") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    allocatable = status.get("allocatable") or {}
+    return NodeView(
+        name=meta.get("name", ""),
+        pool=labels.get(contract.NODE_LABEL_NODEPOOL),
+        accelerator=labels.get(contract.NODE_LABEL_ACCELERATOR),
+        topology=labels.get(contract.NODE_LABEL_TOPOLOGY),
+        ready=ready,
+        unschedulable=bool((body.get("spec") or {}).get("unschedulable")),
+        spot=labels.get(contract.NODE_LABEL_SPOT) == "true",
+        reservation=labels.get(contract.NODE_LABEL_RESERVATION),
+        tpu_chips=_int(allocatable.get(contract.TPU_RESOURCE), 0),
+    )

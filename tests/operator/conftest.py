@@ -1,0 +1,44 @@
+"""Fixtures for the operator's integration tests: CRDs installed, the operator running."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.operator.support import Api, OperatorProcess
+from tpu_operator import crdgen
+
+CRD_DIR = crdgen.OUTPUT_DIRS[0]
+
+
+@pytest.fixture(scope="session")
+def crds(cluster) -> None:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
+    for name in crdgen.crds().values():
+        crd_name = name["metadata"]["name"]
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd_name}", timeout=60)
+
+
+@pytest.fixture(scope="session")
+def operator(cluster, crds, tmp_path_factory) -> Iterator[OperatorProcess]:
+    log_path = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
+    process = OperatorProcess(cluster.kubeconfig, log_path)
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def tpu(cluster) -> Api:
+    """TPUJob, TPUSlice and pod helpers over the admin client."""
+    return Api(cluster)
+
+
+@pytest.fixture
+def running_operator(operator: OperatorProcess) -> Iterator[OperatorProcess]:
+    """The session's operator, restarted if an earlier test killed it; its log on failure."""
+    if operator.process is None or operator.process.poll() is not None:
+        operator.start()
+    yield operator

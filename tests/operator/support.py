@@ -1,0 +1,214 @@
+"""Helpers for the operator's integration tests: the operator process, manifests, waits."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from localcluster.testing import wait_until
+from tpu_operator import contract
+
+JOBS = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{{ns}}/{contract.JOB_PLURAL}"
+SLICES = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{{ns}}/{contract.SLICE_PLURAL}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class OperatorProcess:
+    """``tpu-operator run`` as a real subprocess against the test cluster."""
+
+    def __init__(self, kubeconfig: Path, log_path: Path, extra_args: list[str] | None = None):
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.extra_args = extra_args or []
+        self.metrics_port = free_port()
+        self.health_port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = [
+            sys.executable,
+            "-m",
+            "tpu_operator",
+            "run",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--metrics-port={self.metrics_port}",
+            f"--health-port={self.health_port}",
+            *self.extra_args,
+        ]
+        log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the child's lifetime)
+        log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(command)}\n".encode())
+        log.flush()
+        self.process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        wait_until(
+            self._healthy,
+            timeout=60,
+            message=f"the operator to answer /healthz (log: {self.log_path})",
+        )
+
+    def _healthy(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(
+                f"the operator exited with {self.process.returncode}; log:\n{self.tail()}"
+            )
+        try:
+            with socket.create_connection(("127.0.0.1", self.health_port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up, no final writes, as when a node dies under it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as response:
+            return response.read().decode()
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def worker_template(command: str, grace: int = 2, **container: Any) -> dict[str, Any]:
+    """A pod template whose worker runs ``command`` with sh."""
+    return {
+        "spec": {
+            "terminationGracePeriodSeconds": grace,
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": "unused.local/worker",
+                    "command": ["sh", "-c", command],
+                    **container,
+                }
+            ],
+        }
+    }
+
+
+def job_manifest(name: str, namespace: str, shape: dict[str, Any], command: str, **spec: Any):
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.JOB_KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"slice": shape, "template": worker_template(command), **spec},
+    }
+
+
+class Api:
+    """Thin helpers over the cluster's admin JSON client for TPUJobs, slices and pods."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+        self.raw = cluster.api()
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        self.cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+    def job(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.raw.get(f"{JOBS.format(ns=namespace)}/{name}")
+
+    def status(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.job(namespace, name).get("status") or {}
+
+    def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.raw.call(
+            "PATCH",
+            f"{JOBS.format(ns=namespace)}/{name}",
+            patch,
+            content_type="application/merge-patch+json",
+        )
+
+    def slices(self, namespace: str) -> list[dict[str, Any]]:
+        return self.raw.get(SLICES.format(ns=namespace))["items"]
+
+    def pods(self, namespace: str, selector: str = contract.LABEL_SLICE_NAME) -> list[dict]:
+        return self.raw.get(f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}")[
+            "items"
+        ]
+
+    def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        items = self.raw.get(f"/api/v1/namespaces/{namespace}/events")["items"]
+        return [e for e in items if e["involvedObject"]["name"] == name]
+
+    def wait_phase(
+        self, namespace: str, name: str, phases: str | tuple[str, ...], timeout: float = 90
+    ) -> dict[str, Any]:
+        wanted = (phases,) if isinstance(phases, str) else phases
+
+        def reached() -> dict[str, Any] | None:
+            status = self.status(namespace, name)
+            return status if status.get("phase") in wanted else None
+
+        def describe() -> str:
+            status = self.status(namespace, name)
+            return (
+                f"TPUJob {namespace}/{name} to be {' or '.join(wanted)}; it is "
+                f"{status.get('phase')}: {status.get('message')}"
+            )
+
+        return wait_until(reached, timeout=timeout, message=describe)
+
+
+class PodAttemptRecorder:
+    """Watches a namespace's worker pods and records which attempts were alive at once."""
+
+    def __init__(self, api: Api, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.overlaps: list[tuple[float, dict[str, str]]] = []
+        self.attempts_seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PodAttemptRecorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            alive = {}
+            for pod in self.api.pods(self.namespace):
+                labels = pod["metadata"]["labels"]
+                alive[pod["metadata"]["name"]] = labels[contract.LABEL_RESTART_ATTEMPT]
+            self.attempts_seen.update(alive.values())
+            if len(set(alive.values())) > 1:
+                self.overlaps.append((time.monotonic(), alive))
+            time.sleep(0.05)

@@ -1,0 +1,204 @@
+"""`kubectl apply` rejects invalid TPUJobs and TPUSlices with a message naming the field.
+
+Every case goes through the real apiserver (schema, defaulting, CEL) with kubectl's
+default strict field validation; nothing is created.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+VALID: dict[str, Any] = {
+    "apiVersion": "tpu-operator.dev/v1alpha1",
+    "kind": "TPUJob",
+    "metadata": {"name": "valid"},
+    "spec": {
+        "slice": {"type": "v5p-16"},
+        "numSlices": 2,
+        "template": {
+            "spec": {"containers": [{"name": "worker", "image": "x", "command": ["true"]}]}
+        },
+    },
+}
+
+
+def edit(path: str, value: Any, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A copy of ``base`` with the dotted ``path`` set (``value`` DELETE removes it)."""
+    manifest = copy.deepcopy(base or VALID)
+    node = manifest
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node[int(key)] if key.isdigit() else node.setdefault(key, {})
+    last = keys[-1]
+    if value == "DELETE":
+        del node[last]
+    else:
+        node[last] = value
+    return manifest
+
+
+def container(**fields: Any) -> list[dict[str, Any]]:
+    return [{"name": "worker", "image": "x", **fields}]
+
+
+CASES: list[tuple[str, dict[str, Any], list[str]]] = [
+    (
+        "topology not valid for the accelerator",
+        edit("spec.slice", {"accelerator": "tpu-v5p-slice", "topology": "4x4x3"}),
+        ["spec.slice.topology", "4x4x3 is not valid for tpu-v5p-slice", "valid: 2x2x1, 2x2x2"],
+    ),
+    (
+        "a 3-D topology on a 2-D generation",
+        edit("spec.slice", {"accelerator": "tpu-v5-lite-podslice", "topology": "2x2x2"}),
+        ["2x2x2 is not valid for tpu-v5-lite-podslice", "1x1, 2x2, 2x4, 4x4"],
+    ),
+    (
+        "unknown short type",
+        edit("spec.slice", {"type": "v5p-100"}),
+        ["spec.slice.type", "v5p-100 is not a known TPU type", "v5p-128 (4x4x4)"],
+    ),
+    (
+        "type and accelerator together",
+        edit("spec.slice", {"type": "v5p-16", "accelerator": "tpu-v5p-slice", "topology": "2x2x2"}),
+        ["set either type", "not both"],
+    ),
+    ("no shape at all", edit("spec.slice", {}), ["set either type"]),
+    (
+        "accelerator without topology",
+        edit("spec.slice", {"accelerator": "tpu-v6e-slice"}),
+        ["accelerator and topology go together"],
+    ),
+    (
+        "unknown accelerator",
+        edit("spec.slice", {"accelerator": "tpu-v9", "topology": "2x2"}),
+        ["spec.slice.accelerator", "Unsupported value", "tpu-v5p-slice"],
+    ),
+    (
+        "multislice on a single-host shape",
+        edit("spec.slice", {"type": "v5litepod-4"}),
+        ["spec.numSlices", "multislice jobs need multi-host slices", "v5litepod-4"],
+    ),
+    ("zero slices", edit("spec.numSlices", 0), ["spec.numSlices", "greater than or equal to 1"]),
+    (
+        "name too long for pod hostnames",
+        edit("metadata.name", "a" * 60),
+        ["metadata.name is too long", "63 characters"],
+    ),
+    (
+        "name that is not a DNS label",
+        edit("metadata.name", "9lives"),
+        ["metadata.name", "must be a DNS label"],
+    ),
+    (
+        "no container named worker",
+        edit("spec.template.spec.containers", [{"name": "trainer", "image": "x"}]),
+        ["spec.template.spec.containers", 'one container must be named "worker"'],
+    ),
+    (
+        "per-pod identity env in the template",
+        edit(
+            "spec.template.spec.containers",
+            container(env=[{"name": "TPU_WORKER_ID", "value": "0"}]),
+        ),
+        ["TPU_WORKER_ID", "set by the operator"],
+    ),
+    (
+        "a restartPolicy other than Never",
+        edit("spec.template.spec.restartPolicy", "OnFailure"),
+        ["restartPolicy", "Never"],
+    ),
+    ("no containers", edit("spec.template.spec.containers", []), ["should have at least 1"]),
+    (
+        "negative maxRestarts",
+        edit("spec.failurePolicy", {"maxRestarts": -1}),
+        ["spec.failurePolicy.maxRestarts", "greater than or equal to 0"],
+    ),
+    (
+        "non-positive activeDeadlineSeconds",
+        edit("spec.activeDeadlineSeconds", 0),
+        ["spec.activeDeadlineSeconds", "greater than or equal to 1"],
+    ),
+    (
+        "negative ttlSecondsAfterFinished",
+        edit("spec.ttlSecondsAfterFinished", -5),
+        ["spec.ttlSecondsAfterFinished", "greater than or equal to 0"],
+    ),
+    (
+        "exit code rule for code 0",
+        edit("spec.failurePolicy", {"rules": [{"action": "FailJob", "values": [0]}]}),
+        ["spec.failurePolicy.rules[0].values[0]", "greater than or equal to 1"],
+    ),
+    (
+        "unknown exit code action",
+        edit("spec.failurePolicy", {"rules": [{"action": "Ignore", "values": [3]}]}),
+        ["spec.failurePolicy.rules[0].action", "Unsupported value", "RestartNotCounted"],
+    ),
+    (
+        "chipsPerHost where the topology fits one machine type",
+        edit("spec.slice", {"type": "v5p-16", "chipsPerHost": 8}),
+        ["spec.slice.chipsPerHost", "only chooses the machine type"],
+    ),
+    (
+        "metrics port reserved by libtpu",
+        edit("spec.ports", {"metrics": 8476}),
+        ["spec.ports.metrics", "reserved"],
+    ),
+    (
+        "two ports the same",
+        edit("spec.ports", {"coordinator": 9431, "metrics": 9431}),
+        ["three different ports"],
+    ),
+    (
+        "node pool pins that do not match numSlices",
+        edit("spec.placement", {"nodePools": ["only-one"]}),
+        ["spec.placement.nodePools", "one node pool per slice"],
+    ),
+    (
+        "unknown success policy",
+        edit("spec.successPolicy", "AnyWorker"),
+        ["spec.successPolicy", "Unsupported value", "LeaderWorker"],
+    ),
+    (
+        "a misspelled field",
+        edit("spec.numSlice", 2),
+        ['unknown field "spec.numSlice"'],
+    ),
+    (
+        "a standalone TPUSlice with an invalid topology",
+        {
+            "apiVersion": "tpu-operator.dev/v1alpha1",
+            "kind": "TPUSlice",
+            "metadata": {"name": "lonely"},
+            "spec": {
+                "accelerator": "tpu-v6e-slice",
+                "topology": "3x3",
+                "template": VALID["spec"]["template"],
+            },
+        },
+        ["spec.topology", "3x3 is not valid for tpu-v6e-slice"],
+    ),
+]
+
+
+def test_the_valid_base_is_accepted(cluster, crds, namespace):
+    manifest = edit("metadata.namespace", namespace)
+    result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(manifest))
+    assert "created (server dry run)" in result.stdout
+
+
+@pytest.mark.parametrize(("case", "manifest", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_invalid_manifest_is_rejected(cluster, crds, namespace, case, manifest, expected):
+    manifest = copy.deepcopy(manifest)
+    manifest["metadata"]["namespace"] = namespace
+    result = cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=False)
+    assert result.returncode != 0, f"{case}: accepted, but should be rejected"
+    for fragment in expected:
+        assert fragment in result.stderr, f"{case}: {fragment!r} not in: {result.stderr}"
+    listed = cluster.kubectl("get", "tpujobs,tpuslices", "-n", namespace, "-o", "name")
+    assert listed.stdout.strip() == ""
