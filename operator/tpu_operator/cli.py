@@ -36,6 +36,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--job-workers", type=int, default=8, help="TPUJobs reconciled at once")
     run.add_argument("--slice-workers", type=int, default=16, help="TPUSlices reconciled at once")
+    run.add_argument(
+        "--sample-concurrency",
+        type=int,
+        default=64,
+        help="concurrent reads of worker metrics endpoints (progress sampling)",
+    )
+    run.add_argument(
+        "--progress-publish-seconds",
+        type=float,
+        default=30.0,
+        help="at most one progress status write per running job per this many seconds",
+    )
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
@@ -84,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             slice_workers=args.slice_workers,
             metrics_port=args.metrics_port or None,
             health_port=args.health_port or None,
+            sample_concurrency=args.sample_concurrency,
+            progress_publish_seconds=args.progress_publish_seconds,
         )
     )
     return 0

@@ -39,6 +39,11 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         node = {**structural(options[0], defs), **node}
     if "const" in node:
         node["enum"] = [node.pop("const")]
+    for bound, flag in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        # JSON Schema 2020 writes exclusive bounds as numbers; OpenAPI v3.0 as a flag.
+        if isinstance(node.get(bound), (int, float)) and not isinstance(node[bound], bool):
+            node[flag] = node.pop(bound)
+            node[bound] = True
     if node.get("default", 0) is None or not isinstance(node.get("default"), _SCALARS):
         node.pop("default", None)
     additional = node.get("additionalProperties")
@@ -87,6 +92,24 @@ def _columns(kind: str) -> list[dict[str, Any]]:
             },
             {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
             {"name": "Type", "type": "string", "jsonPath": ".status.shape.type"},
+            {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+            {
+                "name": "Tokens/s",
+                "type": "number",
+                "jsonPath": ".status.progress.tokensPerSecond",
+            },
+            {
+                "name": "MFU",
+                "type": "number",
+                "jsonPath": ".status.progress.mfu",
+                "priority": 1,
+            },
+            {
+                "name": "Goodput",
+                "type": "number",
+                "jsonPath": ".status.goodput.fraction",
+                "priority": 1,
+            },
             {
                 "name": "Message",
                 "type": "string",

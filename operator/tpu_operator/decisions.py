@@ -10,6 +10,8 @@ from tpu_operator.state.gang import WorkerFailure
 
 REASON_MAX_RESTARTS = "MaxRestartsExceeded"
 REASON_FATAL_EXIT = "FatalExitCode"
+REASON_WORKER_CONFIG = "WorkerConfigError"
+REASON_STALLED = "Stalled"
 
 
 @dataclass(frozen=True)
@@ -29,11 +31,19 @@ def _rule_action(policy: FailurePolicy, exit_code: int) -> str | None:
     return None
 
 
-def decide(failure: WorkerFailure, policy: FailurePolicy, counted_restarts: int) -> Decision:
+def decide(
+    failure: WorkerFailure,
+    policy: FailurePolicy,
+    counted_restarts: int,
+    *,
+    count_stalls: bool = True,
+) -> Decision:
     """What to do after ``failure`` ended an attempt."""
     counted = True
     if failure.disruption:
         counted = policy.count_disruptions
+    elif failure.reason == REASON_STALLED:
+        counted = count_stalls
     elif failure.exit_code is not None:
         action = _rule_action(policy, failure.exit_code)
         if action == "FailJob":
@@ -46,6 +56,14 @@ def decide(failure: WorkerFailure, policy: FailurePolicy, counted_restarts: int)
             )
         if action == "RestartNotCounted":
             counted = False
+        if action is None and failure.exit_code == contract.EXIT_CONFIG_ERROR:
+            return Decision(
+                False,
+                True,
+                REASON_WORKER_CONFIG,
+                f"{failure.message}; exit code {failure.exit_code} means the worker's "
+                "settings or pod env are invalid, which a restart cannot fix (see its log)",
+            )
     if counted and counted_restarts >= policy.max_restarts:
         return Decision(
             False,

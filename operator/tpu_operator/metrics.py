@@ -129,6 +129,21 @@ class OperatorMetrics:
         if not ok:
             self.reconcile_errors.labels(queue).inc()
 
+    def watch_sampler(self, sampler: object) -> None:
+        """Reads of worker metrics endpoints (counted by the sampler itself)."""
+        reads = Gauge(
+            "tpu_operator_worker_metric_reads_total",
+            "Worker metrics endpoint reads by the progress sampler",
+            registry=self.registry,
+        )
+        failures = Gauge(
+            "tpu_operator_worker_metric_read_failures_total",
+            "Worker metrics endpoint reads that failed (unreachable, timeout, bad reply)",
+            registry=self.registry,
+        )
+        reads.set_function(lambda: float(sampler.reads))  # type: ignore[attr-defined]
+        failures.set_function(lambda: float(sampler.failures))  # type: ignore[attr-defined]
+
     def watch_phases(self, objects: Callable[[], tuple[Iterable[dict], Iterable[dict]]]) -> None:
         self.registry.register(PhaseCollector(objects))
 

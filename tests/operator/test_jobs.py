@@ -73,6 +73,8 @@ def test_single_slice_job_runs_to_success_on_its_pool(tpu, namespace, running_op
         "SLICES",
         "RESTARTS",
         "TYPE",
+        "STEP",
+        "TOKENS/S",
         "AGE",
     ]
     assert "Succeeded" in table and "v5litepod-16" in table

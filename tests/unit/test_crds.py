@@ -50,6 +50,6 @@ def test_job_crd_names_columns_and_status():
     version = crd["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns[:5] == ["Phase", "Workers", "Slices", "Restarts", "Type"]
+    assert columns[:7] == ["Phase", "Workers", "Slices", "Restarts", "Type", "Step", "Tokens/s"]
     rendered = yaml.safe_load(crdgen.render(crd))
     assert rendered == crd

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from tpu_operator.api.common import ApiModel, Condition, Failure, cel, rules
+from tpu_operator.api.monitoring import Goodput, Monitoring, Progress
 from tpu_operator.api.policy import FailurePolicy, Placement, PortsSpec, SuccessPolicy
 from tpu_operator.api.shape import (
     ShapeFields,
@@ -69,6 +70,8 @@ class TPUJobSpec(ApiModel):
     ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
     """Delete the finished job (and its slices and pods) this long after it finished."""
     ports: PortsSpec | None = None
+    monitoring: Monitoring | None = None
+    """Progress sampling, stall and straggler detection."""
 
 
 class SliceSummary(ApiModel):
@@ -110,6 +113,10 @@ class TPUJobStatus(ApiModel):
     last_failure: Failure | None = None
     message: str = ""
     """What the job is doing or waiting for, in a sentence."""
+    running_since: str | None = None
+    """When every worker of the current attempt was first running."""
+    progress: Progress | None = None
+    goodput: Goodput | None = None
 
 
 class TPUJobRoot(ApiModel):

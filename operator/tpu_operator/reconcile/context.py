@@ -70,6 +70,8 @@ class Context:
     clock: Callable[[], dt.datetime] = utc_now
     services: set[tuple[str, str]] = field(default_factory=set)
     """Headless Services known to exist (namespace, name)."""
+    progress: Any = None
+    """The ProgressSampler (None when progress sampling is off)."""
 
     async def ensure_service(self, namespace: str, body: dict[str, Any]) -> None:
         key = (namespace, body["metadata"]["name"])

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from tpu_operator import contract
 from tpu_operator.api.common import Failure
 from tpu_operator.api.job import SliceSummary, TPUJobSpec, TPUJobStatus
+from tpu_operator.api.monitoring import Monitoring, seconds
 from tpu_operator.api.policy import FailurePolicy
 from tpu_operator.api.status import TERMINAL_PHASES, ResolvedShape
 from tpu_operator.builders.pods import Owner
@@ -27,8 +28,9 @@ from tpu_operator.builders.service import headless_service
 from tpu_operator.builders.slices import job_slice, slice_patch
 from tpu_operator.builders.wiring import Ports
 from tpu_operator.catalog import CatalogError, SliceShape
-from tpu_operator.decisions import backoff_seconds, decide
+from tpu_operator.decisions import REASON_STALLED, backoff_seconds, decide
 from tpu_operator.placement.pools import Request, allocate, pools_from_nodes
+from tpu_operator.progress import report
 from tpu_operator.reconcile.conditions import parse, set_condition, stamp
 from tpu_operator.reconcile.context import Context, job_ref, write_status
 from tpu_operator.reconcile.slices import (
@@ -38,7 +40,7 @@ from tpu_operator.reconcile.slices import (
     resolved_shape,
 )
 from tpu_operator.runtime.kube import ApiError, namespaced
-from tpu_operator.state.gang import GangState, assess
+from tpu_operator.state.gang import GangState, WorkerFailure, assess
 
 log = logging.getLogger(__name__)
 POOL_RETRY_SECONDS = 15.0
@@ -126,6 +128,16 @@ class JobRun:
         self.pods = ctx.caches.pods_of_job(self.namespace, self.name)
         self.conditions = [c.wire() for c in self.status.conditions]
         self.pending_events: list[tuple[str, str, str]] = []
+        self.monitoring = spec.monitoring or Monitoring()
+        sampler = ctx.progress
+        self.track = (
+            sampler.track(self.namespace, self.name)
+            if sampler is not None and self.monitoring.enabled
+            else None
+        )
+        if self.track is not None and self.track.attempt != self.status.attempt:
+            self.track = None
+        self.created = parse(meta.get("creationTimestamp")) or self.now
 
     # helpers
     @property
@@ -388,6 +400,10 @@ class JobRun:
                 None,
             )
             return
+        if not draining and state.outcome in ("Starting", "Running"):
+            stall = self._stall(state)
+            if stall is not None and self.monitoring.stall_action == "Restart":
+                state.outcome, state.failure = "Failed", stall
         if state.outcome == "Failed" and state.failure is not None and not draining:
             await self._on_failure(state, attempt)
             return
@@ -448,7 +464,12 @@ class JobRun:
         failure = state.failure
         assert failure is not None
         status = self.status
-        decision = decide(failure, self.policy, status.counted_restarts)
+        decision = decide(
+            failure,
+            self.policy,
+            status.counted_restarts,
+            count_stalls=self.monitoring.count_stall_restarts,
+        )
         record = Failure(
             attempt=attempt,
             reason=failure.reason,
@@ -463,6 +484,7 @@ class JobRun:
         if not decision.restart:
             await self._fail(decision.reason, decision.message, record)
             return
+        self._close_attempt()
         status.restarts += 1
         status.counted_restarts += int(decision.counted)
         status.restarts_by_reason[decision.reason] = (
@@ -489,6 +511,7 @@ class JobRun:
 
     async def _fail(self, reason: str, message: str, record: Failure | None) -> None:
         status = self.status
+        self._close_attempt()
         status.phase = "Failed"
         status.message = message
         status.completion_time = stamp(self.now)
@@ -508,6 +531,7 @@ class JobRun:
 
     async def _succeed(self, state: GangState) -> None:
         status = self.status
+        self._close_attempt()
         status.phase = "Succeeded"
         policy = self.spec.success_policy
         status.message = (
@@ -547,6 +571,8 @@ class JobRun:
         else:
             phase = "Running"
             status.message = f"attempt {attempt}: all {state.total} workers running"
+        if phase == "Running" and status.running_since is None:
+            self._began_running(attempt)
         if phase == "Running" and self.previous_phase != "Running":
             self._event("Normal", "Running", status.message)
             if attempt == 1 and status.restarts == 0:
@@ -570,9 +596,114 @@ class JobRun:
             self._condition("PodsScheduled", False, "Unschedulable", message)
         elif phase in ("Starting", "Running"):
             self._condition("PodsScheduled", True, "Scheduled")
+        self._publish_progress(phase, state)
 
     def _condition_changed(self, type_: str, value: bool) -> bool:
         wanted = "True" if value else "False"
         return not any(
             c.get("type") == type_ and c.get("status") == wanted for c in self.conditions
         )
+
+    # progress, stalls, stragglers, goodput
+    def _carried(self) -> dict[str, float]:
+        return dict(self.status.goodput.finished_attempts) if self.status.goodput else {}
+
+    def _set_goodput(self, carried: dict[str, float], waiting: tuple[float, str] | None):
+        leader = self.track.leader() if self.track else None
+        self.status.goodput = report.goodput(
+            created=self.created.timestamp(),
+            now=self.now.timestamp(),
+            carried=carried,
+            current=leader.latest if leader else None,
+            waiting_since=waiting[0] if waiting else None,
+            waiting_kind=waiting[1] if waiting else "other",
+        )
+
+    def _close_attempt(self) -> None:
+        """An attempt ended: carry its time into the goodput totals."""
+        leader = self.track.leader() if self.track else None
+        carried = report.carry_over(self._carried(), leader.latest if leader else None)
+        self.status.running_since = None
+        self._set_goodput(carried, None)
+
+    def _began_running(self, attempt: int) -> None:
+        status = self.status
+        status.running_since = stamp(self.now)
+        carried = self._carried()
+        failed_at = parse(status.last_failure.time) if status.last_failure else None
+        if attempt == 1 and status.restarts == 0:
+            carried["scheduling"] = (self.now - self.created).total_seconds()
+        elif failed_at is not None:
+            carried["restartDowntime"] = (
+                carried.get("restartDowntime", 0.0) + (self.now - failed_at).total_seconds()
+            )
+        self._set_goodput(carried, None)
+
+    def _waiting(self) -> tuple[float, str] | None:
+        """An ongoing scheduling wait or restart downtime, not yet carried."""
+        status = self.status
+        if status.running_since is not None:
+            return None
+        if status.restarts == 0:
+            return self.created.timestamp(), "scheduling"
+        failed_at = parse(status.last_failure.time) if status.last_failure else None
+        return (failed_at.timestamp(), "restartDowntime") if failed_at else None
+
+    def _publish_progress(self, phase: str, state: GangState) -> None:
+        track, status = self.track, self.status
+        if track is None or track.leader() is None:
+            if status.goodput is None or phase != "Running":
+                self._set_goodput(self._carried(), self._waiting())
+            return
+        carried = report.account_resume(self._carried(), track.resumed_from)
+        sampler = self.ctx.progress
+        interval = sampler.publish_interval if sampler is not None else 30.0
+        published = parse(status.progress.sampled_time) if status.progress else None
+        fresh = report.progress(track, state.total)
+        due = (
+            published is None
+            or (self.now - published).total_seconds() >= interval
+            or (status.progress.step is None and fresh.step is not None)
+        )
+        if due or carried != self._carried():
+            status.progress = fresh
+            self._set_goodput(carried, self._waiting())
+        self._stragglers()
+        if not any(
+            c.get("type") == "Stalled" and c.get("status") == "True" for c in self.conditions
+        ):
+            self._condition("Stalled", False, "Progressing")
+
+    def _stall(self, state: GangState) -> WorkerFailure | None:
+        track = self.track
+        if track is None:
+            return None
+        stalled_for = track.stalled_for(self.now.timestamp())
+        timeout = seconds(self.monitoring.stall_timeout)
+        if stalled_for is None or stalled_for <= timeout:
+            if track.step is not None:
+                self._condition("Stalled", False, "Progressing", f"at step {int(track.step)}")
+            return None
+        leader = track.leader()
+        pod = leader.pod if leader else ""
+        message = (
+            f"no training step for {stalled_for:.0f} s (stallTimeout "
+            f"{self.monitoring.stall_timeout}) at step {int(track.step or 0)}"
+        )
+        if self._condition_changed("Stalled", True):
+            self._event("Warning", "Stalled", message)
+        self._condition("Stalled", True, REASON_STALLED, message)
+        return WorkerFailure(
+            REASON_STALLED, message, pod, leader.node if leader else None, None, None
+        )
+
+    def _stragglers(self) -> None:
+        assert self.track is not None
+        found = self.track.stragglers(self.monitoring.straggler_threshold)
+        if not found:
+            self._condition("Straggler", False, "NoStraggler")
+            return
+        message = "; ".join(s.describe() for s in found)
+        if self._condition_changed("Straggler", True):
+            self._event("Warning", "Straggler", message)
+        self._condition("Straggler", True, "Straggler", message)

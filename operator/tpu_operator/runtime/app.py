@@ -16,6 +16,7 @@ import kopf
 
 from tpu_operator import contract
 from tpu_operator.metrics import OperatorMetrics
+from tpu_operator.progress.sampler import ProgressSampler
 from tpu_operator.reconcile.context import Context
 from tpu_operator.reconcile.jobs import JobReconciler
 from tpu_operator.reconcile.slices import SliceReconciler
@@ -38,6 +39,9 @@ class OperatorConfig:
     resync_seconds: float = 300.0
     metrics_port: int | None = 8000
     health_port: int | None = 8081
+    sample_concurrency: int = 64
+    progress_publish_seconds: float = 30.0
+    """At most one progress write per running job per this many seconds."""
 
     def describe(self) -> str:
         scope = ", ".join(self.namespaces) if self.namespaces else "all namespaces"
@@ -80,6 +84,14 @@ class Runtime:
             slices=self.slices,
             metrics=self.metrics,
         )
+        self.sampler = ProgressSampler(
+            self.caches,
+            self.jobs.add,
+            concurrency=config.sample_concurrency,
+            publish_interval=config.progress_publish_seconds,
+        )
+        self.context.progress = self.sampler
+        self.metrics.watch_sampler(self.sampler)
         self.job_reconciler = JobReconciler(self.context)
         self.slice_reconciler = SliceReconciler(self.context)
         self._resync_task: asyncio.Task[None] | None = None
@@ -95,6 +107,7 @@ class Runtime:
 
     def start(self) -> None:
         self.events.start()
+        self.sampler.start()
         self.jobs.start()
         self.slices.start()
         self._resync_task = asyncio.create_task(self._resync(), name="resync")
@@ -104,6 +117,7 @@ class Runtime:
     async def stop(self) -> None:
         if self._resync_task is not None:
             self._resync_task.cancel()
+        await self.sampler.stop()
         await self.jobs.stop()
         await self.slices.stop()
         try:

@@ -29,9 +29,14 @@ def before_step(hooks: Hooks, step: int, process: int) -> None:
         injected_hang(step)
 
 
-def after_step(hooks: Hooks, process: int) -> None:
-    delay = hooks.step_sleep_s
+def slow_input(hooks: Hooks, process: int) -> None:
+    """A straggler's slow input pipeline: called inside the data-wait phase, so the
+    straggler shows as an outlier in data-wait time (its peers wait for it inside the
+    step's collectives instead)."""
     if hooks.slow_s and hooks.applies(hooks.slow_processes, process):
-        delay += hooks.slow_s
-    if delay > 0:
-        time.sleep(delay)
+        time.sleep(hooks.slow_s)
+
+
+def after_step(hooks: Hooks) -> None:
+    if hooks.step_sleep_s > 0:
+        time.sleep(hooks.step_sleep_s)

@@ -172,10 +172,11 @@ def train(options: DemoOptions) -> None:
         began = time.perf_counter()
         hooks.before_step(options.hooks, step, process)
         with report.data_wait():
+            hooks.slow_input(options.hooks, process)
             batch = data.batch(options.seed, step, options.batch_size, config, batch_sharding)
         state, loss = compiled(state, batch)
         loss_value = float(np.asarray(loss.addressable_data(0)))  # waits for the step
-        hooks.after_step(options.hooks, process)
+        hooks.after_step(options.hooks)
         report.record_step(step, loss=loss_value, examples=examples, tokens=tokens, flops=flops)
         elapsed = time.perf_counter() - began
         if step % options.log_every == 0 or step == start + 1 or step == options.steps:

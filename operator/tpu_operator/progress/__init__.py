@@ -1,0 +1,1 @@
+"""Training progress from the workers' metrics: sampling, stalls, stragglers, goodput."""

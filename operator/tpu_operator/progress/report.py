@@ -1,0 +1,159 @@
+"""Turn a job's samples into status: progress figures and the goodput account (pure).
+
+Goodput = productive step time / wall time since the job was created. The account uses
+worker 0 of slice 0 as the job's clock (every worker of a synchronous job spends the same
+wall time): its phase counters for the current attempt, plus totals carried over from
+earlier attempts. Badput categories: scheduling (creation until the first attempt's
+workers all ran), initialization (rendezvous and start-up), compilation, data wait,
+checkpoint save and restore, lost progress (steps redone after a resume: the previous
+attempt's last step minus the step the next attempt resumed from, times the previous
+attempt's mean step time; those seconds are taken out of productive time), restart
+downtime (from a failure until the next attempt's workers all ran) and other (the rest).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from tpu_operator.api.monitoring import Goodput, Progress, SlowestWorker
+from tpu_operator.progress.samples import WorkerSample
+from tpu_operator.progress.tracker import JobTrack
+
+# Worker phase label -> badput category (camelCase, as in status).
+PHASES = {
+    "init": "initialization",
+    "compile": "compilation",
+    "data_wait": "dataWait",
+    "checkpoint_save": "checkpointSave",
+    "checkpoint_restore": "checkpointRestore",
+}
+CARRIED = ("step", *PHASES.values(), "lostProgress", "scheduling", "restartDowntime")
+
+
+def _stamp(seconds: float) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def progress(track: JobTrack, total_workers: int) -> Progress:
+    leader = track.leader()
+    latest = leader.latest if leader else None
+    rates = {"examples": [], "tokens": [], "flops": [], "peak": []}
+    for worker in track.workers.values():
+        pair = worker.window()
+        if pair is None:
+            continue
+        for name in ("examples", "tokens", "flops"):
+            value = worker.rate(name)
+            if value is not None:
+                rates[name].append(value)
+        if pair[1].peak_flops:
+            rates["peak"].append(pair[1].peak_flops)
+    known = len(rates["tokens"])
+    scale = total_workers / known if known else 0.0
+    flops, peak = sum(rates["flops"]), sum(rates["peak"])
+    slowest = []
+    per_slice: dict[int, tuple[float, float, str, str | None]] = {}
+    for worker in track.workers.values():
+        figures = worker.per_step()
+        if figures is None:
+            continue
+        step_seconds, wait = figures
+        best = per_slice.get(worker.slice)
+        if best is None or (wait, step_seconds) > (best[1], best[0]):
+            per_slice[worker.slice] = (step_seconds, wait, worker.pod, worker.node)
+    for index, (step_seconds, wait, pod, node) in sorted(per_slice.items()):
+        slowest.append(
+            SlowestWorker(
+                slice=index,
+                pod=pod,
+                node=node,
+                step_seconds=_round(step_seconds, 4),
+                data_wait_seconds=_round(wait, 4),
+            )
+        )
+    return Progress(
+        step=int(latest.step) if latest and latest.step is not None else None,
+        steps_per_second=_round(leader.rate("steps_total") if leader else None),
+        examples_per_second=_round(sum(rates["examples"]) * scale if known else None, 1),
+        tokens_per_second=_round(sum(rates["tokens"]) * scale if known else None, 1),
+        mfu=_round(flops / peak if peak and rates["flops"] else None, 4),
+        loss=_round(latest.loss if latest else None, 6),
+        last_progress_time=_stamp(track.advanced_at) if track.advanced_at else None,
+        sampled_time=_stamp(latest.at) if latest else None,
+        workers_reporting=f"{track.answered}/{track.asked}" if track.asked else None,
+        slowest_workers=slowest,
+    )
+
+
+def attempt_totals(sample: WorkerSample | None) -> dict[str, float]:
+    """The current attempt's seconds per category, from worker 0 of slice 0."""
+    if sample is None:
+        return {}
+    totals = {"step": sample.phases.get("step", 0.0)}
+    for phase, category in PHASES.items():
+        totals[category] = sample.phases.get(phase, 0.0)
+    return totals
+
+
+def carry_over(carried: dict[str, float], sample: WorkerSample | None) -> dict[str, float]:
+    """Totals after an attempt ends: its seconds added to the carried totals."""
+    merged = dict(carried)
+    for key, value in attempt_totals(sample).items():
+        merged[key] = merged.get(key, 0.0) + value
+    if sample is not None and sample.step is not None:
+        merged["previousStep"] = sample.step
+        mean = (
+            sample.step_seconds_sum / sample.step_seconds_count
+            if sample.step_seconds_count
+            else 0.0
+        )
+        merged["previousStepSeconds"] = mean
+    return merged
+
+
+def account_resume(carried: dict[str, float], resumed_from: float | None) -> dict[str, float]:
+    """Once a new attempt reports where it resumed, book the steps it has to redo."""
+    if resumed_from is None or "previousStep" not in carried:
+        return carried
+    merged = dict(carried)
+    redone = max(merged.pop("previousStep") - resumed_from, 0.0)
+    mean = merged.pop("previousStepSeconds", 0.0)
+    merged["lostProgress"] = merged.get("lostProgress", 0.0) + redone * mean
+    return merged
+
+
+def goodput(
+    *,
+    created: float,
+    now: float,
+    carried: dict[str, float],
+    current: WorkerSample | None,
+    waiting_since: float | None,
+    waiting_kind: str,
+) -> Goodput:
+    """The account at ``now``. ``waiting_since``: start of an ongoing scheduling wait or
+    restart downtime (``waiting_kind``), not yet carried."""
+    totals = {k: v for k, v in carried.items() if k in CARRIED}
+    for key, value in attempt_totals(current).items():
+        totals[key] = totals.get(key, 0.0) + value
+    if waiting_since is not None:
+        totals[waiting_kind] = totals.get(waiting_kind, 0.0) + max(now - waiting_since, 0.0)
+    wall = max(now - created, 0.0)
+    lost = totals.get("lostProgress", 0.0)
+    productive = max(totals.get("step", 0.0) - lost, 0.0)
+    badput = {
+        category: round(totals.get(category, 0.0), 1)
+        for category in ("scheduling", *PHASES.values(), "lostProgress", "restartDowntime")
+    }
+    badput["other"] = round(max(wall - productive - sum(badput.values()), 0.0), 1)
+    return Goodput(
+        fraction=round(productive / wall, 4) if wall > 0 else 0.0,
+        wall_seconds=round(wall, 1),
+        productive_seconds=round(productive, 1),
+        badput_seconds=badput,
+        finished_attempts={k: round(v, 3) for k, v in carried.items()},
+    )

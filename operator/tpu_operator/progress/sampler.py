@@ -1,0 +1,202 @@
+"""Sample running jobs' worker metrics endpoints (no Prometheus server needed).
+
+Every ``sampleInterval`` the sampler reads worker 0 of each slice; every sixth round it
+reads every worker. Reads go straight to the pods' IPs and metrics ports, at most
+``concurrency`` at a time with a short timeout; a round for a job never overlaps the
+previous one. After a round the job is queued for reconciliation only when something
+must be written: a stall or straggler change, or progress due for publication (at most
+once per ``publish_interval``, so status writes per running job stay bounded however
+often the workers are read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import aiohttp
+from pydantic import ValidationError
+
+from tpu_operator import contract
+from tpu_operator.api.monitoring import Monitoring, seconds
+from tpu_operator.progress.samples import WorkerSample, parse
+from tpu_operator.progress.tracker import JobTrack
+from tpu_operator.reconcile.conditions import parse as parse_time
+from tpu_operator.runtime.caches import Caches
+from tpu_operator.state.views import PodView
+
+log = logging.getLogger(__name__)
+FULL_ROUND_EVERY = 6
+ACTIVE_PHASES = ("Starting", "Running")
+Key = tuple[str, str]
+
+
+class ProgressSampler:
+    def __init__(
+        self,
+        caches: Caches,
+        enqueue: Callable[[Hashable], None],
+        *,
+        concurrency: int = 64,
+        timeout: float = 2.0,
+        publish_interval: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.caches = caches
+        self.enqueue = enqueue
+        self.timeout = timeout
+        self.publish_interval = publish_interval
+        self.clock = clock
+        self.tracks: dict[Key, JobTrack] = {}
+        self.reads = 0
+        self.failures = 0
+        self._concurrency = concurrency
+        self._slots = asyncio.Semaphore(concurrency)
+        self._rounds: dict[Key, int] = {}
+        self._due: dict[Key, float] = {}
+        self._busy: dict[Key, asyncio.Task[None]] = {}
+        self._flags: dict[Key, tuple[bool, tuple[str, ...]]] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def track(self, namespace: str, name: str) -> JobTrack | None:
+        return self.tracks.get((namespace, name))
+
+    def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self._concurrency),
+            timeout=aiohttp.ClientTimeout(total=self.timeout),
+        )
+        self._task = asyncio.create_task(self._run(), name="progress-sampler")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._task, *self._busy.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    async def _run(self) -> None:
+        while True:
+            self.tick()
+            await asyncio.sleep(0.5)
+
+    def tick(self) -> None:
+        """Start the rounds that are due (never two at once for one job)."""
+        now = time.monotonic()
+        seen: set[Key] = set()
+        for job in self.caches.jobs():
+            meta = job["metadata"]
+            key = (meta["namespace"], meta["name"])
+            status = job.get("status") or {}
+            monitoring = _monitoring(job)
+            if monitoring is None or status.get("phase") not in ACTIVE_PHASES:
+                continue
+            seen.add(key)
+            if key in self._busy or self._due.get(key, 0.0) > now:
+                continue
+            self._due[key] = now + seconds(monitoring.sample_interval)
+            task = asyncio.create_task(self._round(key, job, monitoring), name=f"sample-{key[1]}")
+            self._busy[key] = task
+            task.add_done_callback(lambda _, key=key: self._busy.pop(key, None))
+        for key in set(self.tracks) - seen:
+            if key not in self._busy:
+                self.tracks.pop(key, None)
+                self._flags.pop(key, None)
+                self._rounds.pop(key, None)
+                self._due.pop(key, None)
+
+    async def _round(self, key: Key, job: dict[str, Any], monitoring: Monitoring) -> None:
+        try:
+            await self._sample(key, job, monitoring)
+        except Exception:
+            log.exception("sampling the workers of %s/%s failed", *key)
+
+    async def _sample(self, key: Key, job: dict[str, Any], monitoring: Monitoring) -> None:
+        status = job.get("status") or {}
+        attempt = int(status.get("attempt", 0))
+        track = self.tracks.get(key)
+        if track is None or track.attempt != attempt:
+            track = self.tracks[key] = JobTrack(attempt)
+        round_number = self._rounds.get(key, 0)
+        self._rounds[key] = round_number + 1
+        full = round_number % FULL_ROUND_EVERY == 0
+        port = ((job.get("spec") or {}).get("ports") or {}).get(
+            "metrics", contract.DEFAULT_METRICS_PORT
+        )
+        pods = [
+            p
+            for p in self.caches.pods_of_job(*key)
+            if p.attempt == attempt and p.phase == "Running" and p.pod_ip and not p.deleting
+        ]
+        targets = pods if full else [p for p in pods if p.worker_index == 0]
+        results = await asyncio.gather(*(self._read(p, port) for p in targets))
+        answered = 0
+        for pod, sample in zip(targets, results, strict=True):
+            if sample is None:
+                continue
+            answered += 1
+            track.observe(
+                track.worker(pod.name, pod.slice_index, pod.worker_index, pod.node), sample
+            )
+        if full:
+            track.asked, track.answered = len(targets), answered
+            track.last_full_round = self.clock()
+        self._notify(key, job, track, monitoring)
+
+    async def _read(self, pod: PodView, port: int) -> WorkerSample | None:
+        assert self._session is not None
+        url = f"http://{pod.pod_ip}:{port}/metrics"
+        async with self._slots:
+            self.reads += 1
+            try:
+                async with self._session.get(url) as response:
+                    if response.status != 200:
+                        self.failures += 1
+                        return None
+                    text = await response.text()
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                self.failures += 1
+                return None
+        try:
+            return parse(text, self.clock())
+        except ValueError:
+            self.failures += 1
+            log.warning("unreadable metrics from %s", url)
+            return None
+
+    def _notify(self, key: Key, job: dict[str, Any], track: JobTrack, monitoring: Monitoring):
+        now = self.clock()
+        stalled_for = track.stalled_for(now)
+        stalled = stalled_for is not None and stalled_for > seconds(monitoring.stall_timeout)
+        stragglers = tuple(s.pod for s in track.stragglers(monitoring.straggler_threshold))
+        flags = (stalled, stragglers)
+        changed = self._flags.get(key) != flags
+        self._flags[key] = flags
+        progress = (job.get("status") or {}).get("progress") or {}
+        published = parse_time(progress.get("sampledTime"))
+        due = published is None or now - published.timestamp() >= self.publish_interval
+        if changed or (due and track.leader() is not None):
+            self.enqueue(key)
+
+
+_PARSED: dict[tuple[str, int], Monitoring | None] = {}
+
+
+def _monitoring(job: dict[str, Any]) -> Monitoring | None:
+    """The job's monitoring settings (parsed once per object version), None when off."""
+    meta = job["metadata"]
+    key = (meta.get("uid", ""), int(meta.get("generation") or 0))
+    if key not in _PARSED:
+        if len(_PARSED) > 10000:
+            _PARSED.clear()
+        try:
+            monitoring = Monitoring.model_validate((job.get("spec") or {}).get("monitoring") or {})
+            _PARSED[key] = monitoring if monitoring.enabled else None
+        except ValidationError:
+            _PARSED[key] = None
+    return _PARSED[key]
