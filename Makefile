@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: venv test unit lint fmt crds demo bench clean
+.PHONY: venv test unit lint fmt crds demo cluster-up cluster-down bench clean
 
 venv: $(STAMP)
 
@@ -29,6 +29,16 @@ unit: venv
 lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
+
+crds: venv
+	$(BIN)/tpu-operator crds --write
+
+# The local control plane with simulated TPU pools, detached (KUBECONFIG is printed).
+cluster-up: venv
+	$(BIN)/python -m localcluster up
+
+cluster-down: venv
+	$(BIN)/python -m localcluster down
 
 fmt: venv
 	$(BIN)/ruff format .

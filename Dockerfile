@@ -1,0 +1,26 @@
+# syntax=docker/dockerfile:1
+# The tpu-operator controller image. Build from the repository root:
+#   docker build -t tpu-operator .
+# The install step is scripts/install-package.sh, the one the end-to-end tests run.
+
+FROM python:3.12-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY scripts/install-package.sh scripts/
+COPY operator/ operator/
+COPY worker-image/ worker-image/
+RUN sh scripts/install-package.sh operator /opt/venv /src
+
+FROM python:3.12-slim-bookworm
+LABEL org.opencontainers.image.title="tpu-operator" \
+      org.opencontainers.image.description="Kubernetes operator for JAX training on GKE TPU node pools" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+# A fixed non-root UID (the chart's securityContext runs as 65532).
+USER 65532:65532
+EXPOSE 8000 8081
+ENTRYPOINT ["tpu-operator"]
+CMD ["run"]

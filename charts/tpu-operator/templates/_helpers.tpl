@@ -1,0 +1,53 @@
+{{- define "tpu-operator.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tpu-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "tpu-operator.labels" -}}
+{{ include "tpu-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "tpu-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "tpu-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tpu-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* The rules the operator needs in every namespace it manages. */}}
+{{- define "tpu-operator.namespacedRules" -}}
+- apiGroups: [tpu-operator.dev]
+  resources: [tpujobs]
+  verbs: [get, list, watch, delete]
+- apiGroups: [tpu-operator.dev]
+  resources: [tpuslices]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [tpu-operator.dev]
+  resources: [tpujobs/status, tpuslices/status]
+  verbs: [get, patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete, deletecollection]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [create]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+{{- end -}}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite (the README's test command runs this through `make test`):
+# lint, then build or reuse the local control plane and helm, then every pytest tier on
+# real components: unit, integration (local control plane, real JAX processes) and
+# end-to-end (helm chart, operator, workers, Prometheus).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+started=$(date +%s)
+
+echo "[test] lint: ruff, hadolint"
+"$BIN/ruff" format --check .
+"$BIN/ruff" check .
+"$BIN/hadolint" Dockerfile worker-image/Dockerfile
+
+echo "[test] control plane and helm binaries (built from Go modules once, then cached)"
+"$BIN/python" -m localcluster build --helm
+
+sh scripts/ensure-prometheus.sh
+
+echo "[test] pytest: unit, integration and e2e tiers"
+"$BIN/pytest" -m "unit or integration or e2e" --durations=20 "$@"
+
+echo "[test] passed in $(( $(date +%s) - started )) s"
