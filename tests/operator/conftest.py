@@ -24,7 +24,8 @@ def crds(cluster) -> None:
 @pytest.fixture(scope="session")
 def operator(cluster, crds, tmp_path_factory) -> Iterator[OperatorProcess]:
     log_path = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
-    process = OperatorProcess(cluster.kubeconfig, log_path)
+    # Progress every 2 s instead of 30 s, so that the progress tests need not wait.
+    process = OperatorProcess(cluster.kubeconfig, log_path, ["--progress-publish-seconds=2"])
     process.start()
     yield process
     process.stop()

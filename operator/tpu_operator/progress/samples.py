@@ -29,6 +29,8 @@ class WorkerSample:
     flops: float = 0.0
     peak_flops: float | None = None
     start_time: float | None = None
+    end_time: float | None = None
+    """Set once training finished (the worker may keep serving metrics for a while)."""
     phases: dict[str, float] = field(default_factory=dict)
 
     def same_process(self, earlier: WorkerSample) -> bool:
@@ -37,8 +39,18 @@ class WorkerSample:
 
     @property
     def resumed_from(self) -> float | None:
-        """The step this process started from (its checkpoint step, 0 for a fresh run)."""
-        return None if self.step is None else max(self.step - self.steps_total, 0.0)
+        """The step this process started from (its checkpoint step, 0 for a fresh run).
+
+        Known once the process made a step (before that the step gauge is not yet the
+        training step).
+        """
+        if self.step is None or self.steps_total < 1:
+            return None
+        return max(self.step - self.steps_total, 0.0)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.end_time)
 
 
 _SCALARS = {
@@ -50,6 +62,7 @@ _SCALARS = {
     "model_flops_total": "flops",
     "peak_flops_per_second": "peak_flops",
     "start_time_seconds": "start_time",
+    "end_time_seconds": "end_time",
     "step_duration_seconds_sum": "step_seconds_sum",
     "step_duration_seconds_count": "step_seconds_count",
 }

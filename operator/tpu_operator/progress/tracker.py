@@ -10,12 +10,14 @@ seen, and the job reports how many workers answered.
 Straggler: per slice (or per job when a slice has fewer than three workers), each
 worker's data-wait seconds per step and step seconds per step over its last sampling
 window are compared with the group by a robust z-score, 0.6745 (x - median) / MAD (the
-mean absolute deviation x 1.2533 stands in when the MAD is 0). A worker above the
-threshold whose excess is also at least 10% of the median step time is a straggler.
+MAD is 0 when most workers agree exactly; then any worker above them scores infinity).
+A worker above the threshold whose excess is also at least 10% of the median step time is
+a straggler.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -90,15 +92,16 @@ class Straggler:
 
 
 def robust_scores(values: list[float]) -> list[float]:
+    """Modified z-scores, 0.6745 (x - median) / MAD.
+
+    When more than half the values are equal the MAD is 0: the majority agree exactly, so
+    any value above them scores infinity (the practical floor still applies).
+    """
     median = statistics.median(values)
-    deviations = [abs(v - median) for v in values]
-    mad = statistics.median(deviations)
+    mad = statistics.median(abs(v - median) for v in values)
     if mad > 0:
         return [0.6745 * (v - median) / mad for v in values]
-    mean_deviation = statistics.fmean(deviations)
-    if mean_deviation == 0:
-        return [0.0] * len(values)
-    return [(v - median) / (1.253314 * mean_deviation) for v in values]
+    return [math.inf if v > median else 0.0 for v in values]
 
 
 @dataclass
@@ -144,6 +147,8 @@ class JobTrack:
             return None
         if leader.latest.steps_total < 1:
             return None  # no step yet in this attempt: initialization and compilation
+        if leader.latest.finished:
+            return None  # training is over; the worker only still serves its metrics
         excluded = max(excluded_seconds(leader.latest) - self.excluded_at_advance, 0.0)
         return max(now - self.advanced_at - excluded, 0.0)
 

@@ -470,6 +470,10 @@ class JobRun:
             status.counted_restarts,
             count_stalls=self.monitoring.count_stall_restarts,
         )
+        failed_at = self.now
+        if failure.reason == REASON_STALLED and self.track and self.track.advanced_at:
+            # The attempt stopped being useful at its last step, not when that was noticed.
+            failed_at = dt.datetime.fromtimestamp(self.track.advanced_at, dt.UTC)
         record = Failure(
             attempt=attempt,
             reason=failure.reason,
@@ -478,7 +482,7 @@ class JobRun:
             node=failure.node,
             exit_code=failure.exit_code,
             counted=decision.counted,
-            time=stamp(self.now),
+            time=stamp(failed_at),
         )
         status.last_failure = record
         if not decision.restart:
@@ -608,8 +612,14 @@ class JobRun:
     def _carried(self) -> dict[str, float]:
         return dict(self.status.goodput.finished_attempts) if self.status.goodput else {}
 
-    def _set_goodput(self, carried: dict[str, float], waiting: tuple[float, str] | None):
-        leader = self.track.leader() if self.track else None
+    def _set_goodput(
+        self,
+        carried: dict[str, float],
+        waiting: tuple[float, str] | None,
+        *,
+        current_attempt: bool = True,
+    ) -> None:
+        leader = self.track.leader() if self.track and current_attempt else None
         self.status.goodput = report.goodput(
             created=self.created.timestamp(),
             now=self.now.timestamp(),
@@ -624,7 +634,7 @@ class JobRun:
         leader = self.track.leader() if self.track else None
         carried = report.carry_over(self._carried(), leader.latest if leader else None)
         self.status.running_since = None
-        self._set_goodput(carried, None)
+        self._set_goodput(carried, None, current_attempt=False)
 
     def _began_running(self, attempt: int) -> None:
         status = self.status
