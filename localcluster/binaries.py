@@ -60,6 +60,13 @@ class Component:
             # Variables set by helm's own Makefile (LDFLAGS in helm.sh/helm/v3 v3.21.4).
             flags.append(f"-X helm.sh/helm/v3/internal/version.version={self.version}")
             flags.append("-X helm.sh/helm/v3/internal/version.gitTreeState=clean")
+            # The Kubernetes version `helm template` and `helm lint` assume without a cluster:
+            # helm's Makefile derives it from the client-go it is built with (v0.N -> 1.N).
+            client_go = pinned_version(self.module_dir / "go.mod", "k8s.io/client-go")
+            minor = client_go.lstrip("v").split(".")[1]
+            for package in ("pkg/chartutil", "pkg/lint/rules"):
+                flags.append(f"-X helm.sh/helm/v3/{package}.k8sVersionMajor=1")
+                flags.append(f"-X helm.sh/helm/v3/{package}.k8sVersionMinor={minor}")
         return " ".join(flags)
 
 
@@ -108,7 +115,7 @@ def cache_root() -> Path:
 
 def component_dir(component: Component) -> Path:
     """Versioned cache directory; the go.sum hash makes a re-pinned dependency a new entry."""
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(component.ldflags().encode())
     for name in ("go.mod", "go.sum", "main.go"):
         path = component.module_dir / name
         if path.exists():

@@ -29,7 +29,7 @@ from localcluster.agent.ipam import Block
 from localcluster.agent.kube import STRATEGIC_PATCH, Kube
 from localcluster.agent.nodes import NodeManager
 from localcluster.agent.runtime import RunPod, Sandbox
-from localcluster.agent.simulate import SimPod, Simulator
+from localcluster.agent.simulate import SIMULATE_ANNOTATION, SimPod, Simulator
 from localcluster.agent.status import (
     Conditions,
     ContainerStatus,
@@ -120,7 +120,8 @@ class PodManager:
         started_before = bool((pod.get("status") or {}).get("startTime"))
         pod_ip = self.ips.get(uid) or self.block.allocate()
         self.ips[uid] = pod_ip
-        if node.pool.mode == "simulate":
+        annotations = pod["metadata"].get("annotations") or {}
+        if node.pool.mode == "simulate" or annotations.get(SIMULATE_ANNOTATION) == "true":
             self.simulator.start(pod, node.pool.simulate, node.ip, pod_ip)
         elif started_before:
             self._lost_on_restart(pod, node.ip, pod_ip)

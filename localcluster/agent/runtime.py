@@ -55,15 +55,29 @@ from localcluster.procs import ProcessRecord
 log = logging.getLogger(__name__)
 
 # Runs inside the pod's new mount and UTS namespaces: hosts file, hostname, then N volume
-# bind mounts (source, target pairs; missing targets are created), then exec the command.
-POD_INIT = """
+# bind mounts, then exec the command. Arguments: hosts file, hostname, N, N sources, N
+# targets, command. The sources are first bound into a private tmpfs at STAGE, so that a
+# volume mounted over a directory holding the cluster directory (say an emptyDir at /tmp
+# while the cluster lives under /tmp) cannot hide the sources of the volumes after it.
+STAGE = "/.localcluster-mounts"
+POD_INIT = f"""
 mount --bind -- "$1" /etc/hosts && hostname -- "$2" || exit 125
 n=$3; shift 3
-while [ "$n" -gt 0 ]; do
-  if [ -d "$1" ]; then mkdir -p -- "$2"
-  else mkdir -p -- "$(dirname -- "$2")" && { [ -e "$2" ] || touch -- "$2"; }; fi
-  mount --bind -- "$1" "$2" || exit 125
-  shift 2; n=$((n - 1))
+[ "$n" -eq 0 ] || mount -t tmpfs -o size=1m,mode=0700 localcluster {STAGE} || exit 125
+i=0
+while [ "$i" -lt "$n" ]; do
+  i=$((i + 1))
+  if [ -d "$1" ]; then mkdir -- "{STAGE}/$i"; else touch -- "{STAGE}/$i"; fi
+  mount --bind -- "$1" "{STAGE}/$i" || exit 125
+  shift
+done
+i=0
+while [ "$i" -lt "$n" ]; do
+  i=$((i + 1))
+  if [ -d "{STAGE}/$i" ]; then mkdir -p -- "$1"
+  else mkdir -p -- "$(dirname -- "$1")" && {{ [ -e "$1" ] || touch -- "$1"; }}; fi
+  mount --bind -- "{STAGE}/$i" "$1" || exit 125
+  shift
 done
 exec "$@"
 """
@@ -81,6 +95,7 @@ class Sandbox:
     def detect(cls) -> Sandbox:
         setpriv, unshare = shutil.which("setpriv"), shutil.which("unshare")
         if unshare and os.geteuid() == 0:
+            Path(STAGE).mkdir(exist_ok=True)
             probe = os.system(f"{unshare} --mount --uts --fork true >/dev/null 2>&1")
             if probe != 0:
                 unshare = None
@@ -97,11 +112,12 @@ class Sandbox:
     def wrap(self, argv: list[str], hosts: Path, hostname: str, mounts: list[Mount]) -> list[str]:
         wrapped = list(argv)
         if self.unshare:
-            pairs = [str(part) for m in mounts for part in (m.source, m.target)]
+            sources = [str(m.source) for m in mounts]
+            targets = [str(m.target) for m in mounts]
             wrapped = [
                 self.unshare, "--mount", "--uts", "--fork", "--kill-child=KILL", "--",
                 "sh", "-c", POD_INIT, "pod-init", str(hosts), hostname, str(len(mounts)),
-                *pairs, *wrapped,
+                *sources, *targets, *wrapped,
             ]  # fmt: skip
         elif mounts:
             log.warning("volume mounts ignored (no mount namespaces): %s", mounts)

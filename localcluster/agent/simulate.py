@@ -7,8 +7,10 @@ processes: completions are loop timers, and every status write goes through the 
 shared bounded writer, so thousands of pods cost thousands of small PATCHes and nothing
 else.
 
-Per-pod overrides (annotations): ``localcluster.tpu-operator.dev/simulate-complete-after``
-(seconds) and ``localcluster.tpu-operator.dev/simulate-exit-code``.
+Per-pod overrides (annotations): ``localcluster.tpu-operator.dev/simulate: "true"`` simulates
+a pod even on a run-mode node (tests that only check placement and wiring of manifests
+meant for real TPUs), ``localcluster.tpu-operator.dev/simulate-complete-after`` (seconds)
+and ``localcluster.tpu-operator.dev/simulate-exit-code``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from localcluster.agent.status import (
 from localcluster.pools import Simulate
 
 ANNOTATION_PREFIX = "localcluster.tpu-operator.dev/"
+SIMULATE_ANNOTATION = ANNOTATION_PREFIX + "simulate"
 COMPLETE_AFTER_ANNOTATION = ANNOTATION_PREFIX + "simulate-complete-after"
 EXIT_CODE_ANNOTATION = ANNOTATION_PREFIX + "simulate-exit-code"
 

@@ -50,7 +50,7 @@ class Volumes:
         for volume in pod["spec"].get("volumes") or []:
             name = volume["name"]
             if "hostPath" in volume:
-                paths[name] = Path(volume["hostPath"]["path"])
+                paths[name] = _host_path(name, volume["hostPath"])
                 continue
             target = directory / "volumes" / name
             target.mkdir(parents=True, exist_ok=True)
@@ -177,3 +177,22 @@ def _write_items(
 def _write(path: Path, content: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
+
+
+def _host_path(name: str, source: Mapping[str, Any]) -> Path:
+    """A hostPath volume, checked or created as its ``type`` says (as the kubelet does)."""
+    path = Path(source["path"])
+    kind = source.get("type") or ""
+    if kind == "DirectoryOrCreate":
+        path.mkdir(parents=True, exist_ok=True)
+    elif kind == "FileOrCreate":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(exist_ok=True)
+    elif kind == "Directory" and not path.is_dir():
+        raise UnsupportedVolume(f"hostPath volume {name!r}: {path} is not a directory")
+    elif kind == "File" and not path.is_file():
+        raise UnsupportedVolume(f"hostPath volume {name!r}: {path} is not a file")
+    elif kind == "" and not path.exists():
+        # An unset type means no checks; the bind mount needs something to bind.
+        path.mkdir(parents=True, exist_ok=True)
+    return path

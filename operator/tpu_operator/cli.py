@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     crds.add_argument(
         "--write", action="store_true", help="write them to crds/ and the chart instead"
     )
+    sub.add_parser("dashboards", help="write the Grafana dashboards into the chart").add_argument(
+        "--write", action="store_true", required=True, help="write charts/.../dashboards/*.json"
+    )
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -63,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "version":
         print(__version__)
+        return 0
+    if args.command == "dashboards":
+        from tpu_operator import dashboards
+
+        for path in dashboards.write():
+            print(f"wrote {path}", file=sys.stderr)
         return 0
     if args.command == "crds":
         from tpu_operator import crdgen

@@ -23,13 +23,19 @@ STARTUP_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 
 
 class PhaseCollector(Collector):
-    """tpu_operator_jobs / tpu_operator_slices by phase, read from the caches at scrape."""
+    """Counts by phase and per-job state, read from the caches at scrape time.
+
+    Per job (labels namespace, tpujob; one series per existing TPUJob, like
+    kube-state-metrics): tpu_operator_job_phase (1 for the current phase),
+    tpu_operator_job_restarts, tpu_operator_job_goodput, tpu_operator_job_step.
+    """
 
     def __init__(self, objects: Callable[[], tuple[Iterable[dict], Iterable[dict]]]) -> None:
         self._objects = objects
 
     def collect(self):  # type: ignore[override]
         jobs, slices = self._objects()
+        jobs = list(jobs)
         for name, items, help_text in (
             ("tpu_operator_jobs", jobs, "TPUJobs by phase"),
             ("tpu_operator_slices", slices, "TPUSlices by phase"),
@@ -39,6 +45,31 @@ class PhaseCollector(Collector):
             for phase in PHASES:
                 family.add_metric([phase], tally.get(phase, 0))
             yield family
+        labels = ["namespace", "tpujob"]
+        phase = GaugeMetricFamily(
+            "tpu_operator_job_phase", "1 for the TPUJob's current phase", labels=[*labels, "phase"]
+        )
+        restarts = GaugeMetricFamily(
+            "tpu_operator_job_restarts", "Gang restarts of the TPUJob so far", labels=labels
+        )
+        goodput = GaugeMetricFamily(
+            "tpu_operator_job_goodput",
+            "Productive step time / wall time since the TPUJob was created",
+            labels=labels,
+        )
+        step = GaugeMetricFamily(
+            "tpu_operator_job_step", "Training step of the TPUJob (from its status)", labels=labels
+        )
+        for job in jobs:
+            meta, status = job["metadata"], job.get("status") or {}
+            key = [meta["namespace"], meta["name"]]
+            phase.add_metric([*key, status.get("phase") or "Pending"], 1)
+            restarts.add_metric(key, status.get("restarts", 0))
+            if status.get("goodput"):
+                goodput.add_metric(key, status["goodput"].get("fraction", 0.0))
+            if (status.get("progress") or {}).get("step") is not None:
+                step.add_metric(key, status["progress"]["step"])
+        yield from (phase, restarts, goodput, step)
 
 
 class OperatorMetrics:
@@ -143,6 +174,10 @@ class OperatorMetrics:
         )
         reads.set_function(lambda: float(sampler.reads))  # type: ignore[attr-defined]
         failures.set_function(lambda: float(sampler.failures))  # type: ignore[attr-defined]
+
+    def watch_queues(self, depths: Callable[[], dict[str, int]]) -> None:
+        for queue in ("TPUJob", "TPUSlice"):
+            self.queue_depth.labels(queue).set_function(lambda q=queue: float(depths()[q]))
 
     def watch_phases(self, objects: Callable[[], tuple[Iterable[dict], Iterable[dict]]]) -> None:
         self.registry.register(PhaseCollector(objects))

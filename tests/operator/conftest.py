@@ -21,8 +21,10 @@ def crds(cluster) -> None:
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd_name}", timeout=60)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def operator(cluster, crds, tmp_path_factory) -> Iterator[OperatorProcess]:
+    """One operator process for this package's tests; stopped before other packages (the
+    end-to-end tests run the operator from the Helm chart and must not meet a second one)."""
     log_path = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
     # Progress every 2 s instead of 30 s, so that the progress tests need not wait.
     process = OperatorProcess(cluster.kubeconfig, log_path, ["--progress-publish-seconds=2"])

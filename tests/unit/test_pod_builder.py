@@ -161,6 +161,43 @@ def test_identity_placement_and_resources():
     ]
 
 
+def test_on_demand_placement_is_a_node_affinity_anded_into_the_template():
+    template = json.loads(json.dumps(TEMPLATE))
+    zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a", "b"]}
+    template["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [zone]}]
+            }
+        }
+    }
+    pod = build("v5p-128", template=template, placement=NodePlacement(spot=False))
+    assert "cloud.google.com/gke-spot" not in pod["spec"]["nodeSelector"]
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert terms["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                zone,
+                {"key": "cloud.google.com/gke-spot", "operator": "NotIn", "values": ["true"]},
+            ]
+        }
+    ]
+    assert "affinity" not in TEMPLATE["spec"]  # the template itself is not modified
+    plain = build("v5p-128", template=TEMPLATE, placement=NodePlacement(spot=False))
+    plain_terms = plain["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert plain_terms == [
+        {
+            "matchExpressions": [
+                {"key": "cloud.google.com/gke-spot", "operator": "NotIn", "values": ["true"]}
+            ]
+        }
+    ]
+
+
 def test_template_env_overrides_contract_values_but_keeps_order():
     template = json.loads(json.dumps(TEMPLATE))
     template["spec"]["containers"][0]["env"] = [

@@ -66,7 +66,8 @@ class MemoryStat:
 
 
 class _DeviceMemoryCollector(Collector):
-    """Reads device memory at scrape time; absent where memory_stats() gives nothing (CPU)."""
+    """Reads device memory at scrape time (for CPU devices: the host memory of the process,
+    reported once, as device 0)."""
 
     def __init__(self, read: Callable[[], Iterable[MemoryStat]]) -> None:
         self._read = read

@@ -66,6 +66,39 @@ def configure_logging(pc: PodContract | None) -> None:
     )
 
 
+def _host_memory() -> dict[str, int]:
+    """This process's host memory in memory_stats() terms: a CPU device's memory is host RAM.
+
+    In use: resident set size; limit: the cgroup's memory limit, else the machine's RAM;
+    peak: the resident high-water mark.
+    """
+    stats: dict[str, int] = {}
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    name = "bytes_in_use" if key == "VmRSS" else "peak_bytes_in_use"
+                    stats[name] = int(value.split()[0]) * 1024
+    except (OSError, ValueError):
+        return stats
+    try:
+        with open("/sys/fs/cgroup/memory.max") as cgroup:
+            limit = cgroup.read().strip()
+        if limit.isdigit():
+            stats["bytes_limit"] = int(limit)
+            return stats
+    except OSError:
+        pass
+    try:
+        with open("/proc/meminfo") as meminfo:
+            total = next(line for line in meminfo if line.startswith("MemTotal:"))
+        stats["bytes_limit"] = int(total.split()[1]) * 1024
+    except (OSError, StopIteration, ValueError):
+        pass
+    return stats
+
+
 def _memory_reader() -> Callable[[], list[MemoryStat]]:
     import jax
 
@@ -78,6 +111,8 @@ def _memory_reader() -> Callable[[], list[MemoryStat]]:
                 raw = device.memory_stats()
             except Exception:
                 raw = None
+            if not raw and device.platform == "cpu" and index == 0:
+                raw = _host_memory()  # CPU devices share the host's memory: report it once
             if not raw:
                 continue
             stats.append(

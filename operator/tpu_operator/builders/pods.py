@@ -6,7 +6,9 @@ Merge rules between the user's pod template and what the operator sets:
   (the headless Service), ``restartPolicy: Never``, owner reference, and the labels
   ``tpu-operator.dev/*`` (template labels are kept beside them).
 - Node selectors merge: the operator's keys (accelerator, topology, node pool, spot,
-  reservation) win, other template keys stay.
+  reservation) win, other template keys stay. ``placement.spot: false`` becomes a required
+  node affinity (``cloud.google.com/gke-spot NotIn [true]``: on-demand nodes have no spot
+  label), ANDed into every node selector term of the template's own affinity.
 - Tolerations: the template's are kept; the TPU taint toleration is added, and NoExecute
   tolerations for ``node.kubernetes.io/not-ready`` and ``unreachable`` with the failure
   policy's ``nodeNotReadyTimeoutSeconds`` are added unless the template tolerates those.
@@ -68,11 +70,24 @@ class NodePlacement:
         selector[contract.NODE_LABEL_TOPOLOGY] = wiring.shape.topology
         if self.node_pool:
             selector[contract.NODE_LABEL_NODEPOOL] = self.node_pool
-        if self.spot is not None:
-            selector[contract.NODE_LABEL_SPOT] = "true" if self.spot else "false"
+        if self.spot:
+            selector[contract.NODE_LABEL_SPOT] = "true"
         if self.reservation:
             selector[contract.NODE_LABEL_RESERVATION] = self.reservation
         return selector
+
+
+def _require(affinity: dict[str, Any], expression: dict[str, Any]) -> dict[str, Any]:
+    """``affinity`` with ``expression`` ANDed into every required node selector term."""
+    merged = copy.deepcopy(affinity)
+    required = merged.setdefault("nodeAffinity", {}).setdefault(
+        "requiredDuringSchedulingIgnoredDuringExecution", {}
+    )
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term.setdefault("matchExpressions", []).append(expression)
+    required["nodeSelectorTerms"] = terms
+    return merged
 
 
 def pod_labels(wiring: PodWiring, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -179,6 +194,12 @@ def worker_pod(
     selector = dict(spec.get("nodeSelector") or {})
     selector.update(placement.node_selector(wiring))
     spec["nodeSelector"] = selector
+    if placement.spot is False:
+        # On-demand nodes carry no spot label at all (GKE sets it on Spot VMs only).
+        spec["affinity"] = _require(
+            spec.get("affinity") or {},
+            {"key": contract.NODE_LABEL_SPOT, "operator": "NotIn", "values": ["true"]},
+        )
     spec["tolerations"] = _tolerations(
         list(spec.get("tolerations") or []), placement.not_ready_timeout_seconds
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -128,6 +129,7 @@ class JobRun:
         self.pods = ctx.caches.pods_of_job(self.namespace, self.name)
         self.conditions = [c.wire() for c in self.status.conditions]
         self.pending_events: list[tuple[str, str, str]] = []
+        self.after_commit: list[Callable[[], None]] = []
         self.monitoring = spec.monitoring or Monitoring()
         sampler = ctx.progress
         self.track = (
@@ -185,6 +187,9 @@ class JobRun:
         for type_, reason, message in self.pending_events:
             self.ctx.events.emit(ref, type_, reason, message)
         self.pending_events.clear()
+        for action in self.after_commit:
+            action()
+        self.after_commit.clear()
         return True
 
     # the reconcile
@@ -503,10 +508,12 @@ class JobRun:
         self._condition("Restarting", True, decision.reason, status.message)
         self._condition("Running", False, "Restarting")
         self._event("Warning", "Restarting", f"{status.message} ({budget})")
+        self.after_commit.append(
+            lambda: self.ctx.metrics.restart(contract.JOB_KIND, decision.reason)
+        )
         if not await self._commit():
             self._after(0.2)
             return
-        self.ctx.metrics.restart(contract.JOB_KIND, decision.reason)
         await self._patch_slices(
             {"attempt": attempt + 1, "notBefore": status.restart_at},
         )
@@ -580,9 +587,8 @@ class JobRun:
         if phase == "Running" and self.previous_phase != "Running":
             self._event("Normal", "Running", status.message)
             if attempt == 1 and status.restarts == 0:
-                created = parse(self.body["metadata"].get("creationTimestamp"))
-                if created is not None:
-                    self.ctx.metrics.time_to_running((self.now - created).total_seconds())
+                elapsed = (self.now - self.created).total_seconds()
+                self.after_commit.append(lambda: self.ctx.metrics.time_to_running(elapsed))
         if phase != "Restarting" and status.restart_at is not None and not backing_off:
             status.restart_at = None
         status.phase = phase  # type: ignore[assignment]

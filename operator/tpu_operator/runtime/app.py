@@ -92,6 +92,7 @@ class Runtime:
         )
         self.context.progress = self.sampler
         self.metrics.watch_sampler(self.sampler)
+        self.metrics.watch_queues(self.depths)
         self.job_reconciler = JobReconciler(self.context)
         self.slice_reconciler = SliceReconciler(self.context)
         self._resync_task: asyncio.Task[None] | None = None
@@ -135,10 +136,7 @@ class Runtime:
                 self.jobs.add((meta["namespace"], meta["name"]))
 
     def depths(self) -> dict[str, int]:
-        depths = {"TPUJob": len(self.jobs), "TPUSlice": len(self.slices)}
-        for queue, depth in depths.items():
-            self.metrics.queue_depth.labels(queue).set(depth)
-        return depths
+        return {"TPUJob": len(self.jobs), "TPUSlice": len(self.slices)}
 
     async def _resync(self) -> None:
         """Periodically look at everything again: a safety net for missed events."""
@@ -150,7 +148,6 @@ class Runtime:
                 self.jobs.add((job["metadata"]["namespace"], job["metadata"]["name"]))
             for body in list(self.caches.all_slices()):
                 self.slices.add((body["metadata"]["namespace"], body["metadata"]["name"]))
-            self.depths()
 
 
 def settings() -> kopf.OperatorSettings:
@@ -163,6 +160,9 @@ def settings() -> kopf.OperatorSettings:
     config.watching.client_timeout = 330
     config.posting.enabled = False  # the operator posts its own, aggregated events
     config.peering.standalone = True
+    # The CRDs are installed with the chart; do not watch CRDs or namespaces for changes
+    # (that would need cluster-wide read access to both).
+    config.scanning.disabled = True
     return config
 
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -64,16 +66,21 @@ Observer = Callable[[RequestRecord], None]
 
 
 def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> Configuration:
-    """Client configuration from a kubeconfig file, else the in-cluster service account."""
+    """Client configuration, in the order controllers conventionally look for it.
+
+    An explicit kubeconfig path, else $KUBECONFIG, else the pod's service account when
+    running in a cluster, else ~/.kube/config.
+    """
     config = Configuration()
-    try:
-        kubernetes.config.load_kube_config(
-            config_file=kubeconfig, context=context, client_configuration=config
-        )
-    except (kubernetes.config.ConfigException, FileNotFoundError, TypeError):
-        if kubeconfig:
-            raise
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if not path and os.environ.get("KUBERNETES_SERVICE_HOST"):
         kubernetes.config.load_incluster_config(client_configuration=config)
+        return config
+    kubernetes.config.load_kube_config(
+        config_file=path or str(Path("~/.kube/config").expanduser()),
+        context=context,
+        client_configuration=config,
+    )
     return config
 
 
@@ -85,7 +92,9 @@ def connection_info(config: Configuration) -> Any:
     for key in ("BearerToken", "authorization"):
         value = (config.api_key or {}).get(key)
         if value:
-            token = value.removeprefix("Bearer ").strip()
+            # "bearer <token>" (in-cluster), "Bearer <token>" or the bare token
+            scheme, _, rest = value.strip().partition(" ")
+            token = rest.strip() if rest and scheme.lower() == "bearer" else value.strip()
             break
     return kopf.ConnectionInfo(
         server=config.host,

@@ -1,0 +1,439 @@
+"""The product path end to end on real parts.
+
+helm chart -> operator (in the cluster, as the chart's ServiceAccount, installed the way
+its image installs it) -> TPUJob -> TPUSlices -> pods run by the node agent -> real JAX
+workers rendezvous and train -> a real Prometheus scrapes operator and workers through
+the chart's monitors -> every dashboard query and alert returns what it claims.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from localcluster.pools import Pool
+from localcluster.testing import wait_until
+from tests.e2e.conftest import CHART, RELEASE, RELEASE_NAMESPACE, Helm, values_file
+from tests.e2e.prometheus import Prometheus
+from tests.operator.support import Api, job_manifest
+from tpu_operator import contract, dashboards
+
+pytestmark = pytest.mark.e2e
+EXAMPLES = CHART.parents[1] / "examples"
+SERVICE_ACCOUNT = f"system:serviceaccount:{RELEASE_NAMESPACE}:{RELEASE}"
+
+
+def load(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def release(cluster, helm: Helm, monitoring_crds, release_values):
+    """The chart installed; the operator Deployment's pod running in the cluster."""
+    helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--create-namespace",
+        "--values",
+        values_file(release_values),
+        "--wait",
+        "--timeout",
+        "180s",
+    )
+    yield RELEASE
+    helm("uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait", check=False)
+
+
+@pytest.fixture
+def tpu(cluster) -> Api:
+    return Api(cluster)
+
+
+def operator_pod(cluster) -> dict[str, Any]:
+    pods = json.loads(
+        cluster.kubectl(
+            "get",
+            "pods",
+            "-n",
+            RELEASE_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=tpu-operator",
+            "-o",
+            "json",
+        ).stdout
+    )["items"]
+    running = [
+        p
+        for p in pods
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+    assert len(running) == 1, [p["metadata"]["name"] for p in pods]
+    return running[0]
+
+
+def test_chart_lints_and_renders_objects_the_apiserver_accepts(cluster, helm, monitoring_crds):
+    everything = {
+        "serviceMonitor": {"enabled": True},
+        "podMonitor": {"enabled": True},
+        "prometheusRule": {"enabled": True},
+        "dashboards": {"enabled": True},
+    }
+    namespaced = {"watchNamespaces": ["team-a", "team-b"]}
+    for values in ({}, everything, namespaced):
+        helm("lint", str(CHART), "--strict", "--values", values_file(values))
+    bad = helm(
+        "lint",
+        str(CHART),
+        "--values",
+        values_file({"prometheusRule": {"goodputBelow": 2}}),
+        check=False,
+    )
+    assert bad.returncode != 0 and "goodputBelow" in bad.stdout + bad.stderr
+    for namespace in (RELEASE_NAMESPACE, "team-a", "team-b"):
+        cluster.kubectl("create", "namespace", namespace, check=False)
+    for values in ({}, everything, namespaced):
+        # Another release name, so that nothing collides with an installed release.
+        documents = helm.template(values, release="dry-run")
+        stream = "\n---\n".join(json.dumps(d) for d in documents)
+        result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=stream)
+        assert result.stdout.count("(server dry run)") == len(documents)
+
+    documents = helm.template(everything)
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["resources"]["limits"]["memory"]
+    kinds = {d["kind"] for d in documents}
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"} <= kinds
+    configmaps = [d for d in documents if d["kind"] == "ConfigMap"]
+    assert all(c["metadata"]["labels"]["grafana_dashboard"] == "1" for c in configmaps)
+    shipped = {name: json.loads(body) for c in configmaps for name, body in c["data"].items()}
+    assert shipped == dashboards.dashboards()
+
+    rules = next(d for d in documents if d["kind"] == "PrometheusRule")
+    rules_file = Path(values_file({"groups": rules["spec"]["groups"]}))
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: scripts/ensure-prometheus.sh installs Prometheus"
+    check = subprocess.run(
+        [promtool, "check", "rules", str(rules_file)], capture_output=True, text=True, check=False
+    )
+    assert check.returncode == 0 and "SUCCESS: 5 rules found" in check.stdout, check.stdout
+
+    roles = [d for d in helm.template(namespaced) if d["kind"] in ("Role", "ClusterRole")]
+    assert sorted((d["kind"], d["metadata"].get("namespace", "")) for d in roles) == [
+        ("ClusterRole", ""),
+        ("Role", "team-a"),
+        ("Role", "team-b"),
+    ]
+
+
+def test_the_operator_runs_in_the_cluster_as_its_service_account(cluster, release):
+    pod = operator_pod(cluster)
+    assert pod["spec"]["serviceAccountName"] == RELEASE
+    log = cluster.pod_log(RELEASE_NAMESPACE, pod["metadata"]["name"], "operator")
+    wait_until(
+        lambda: "tpu-operator started" in log.read_text(),
+        timeout=60,
+        message="the operator's start-up line",
+    )
+
+
+CAN = [
+    ("list", "tpujobs.tpu-operator.dev", "--all-namespaces"),
+    ("patch", "tpujobs.tpu-operator.dev", "-n=default --subresource=status"),
+    ("delete", "tpujobs.tpu-operator.dev", "-n=default"),
+    ("create", "tpuslices.tpu-operator.dev", "-n=default"),
+    ("create", "pods", "-n=default"),
+    ("deletecollection", "pods", "-n=default"),
+    ("create", "services", "-n=default"),
+    ("create", "events", "-n=default"),
+    ("watch", "nodes", ""),
+]
+CANNOT = [
+    ("get", "secrets", "--all-namespaces"),
+    ("list", "secrets", "-n=kube-system"),
+    ("get", "configmaps", "-n=default"),
+    ("create", "tpujobs.tpu-operator.dev", "-n=default"),
+    ("update", "tpujobs.tpu-operator.dev", "-n=default"),
+    ("delete", "services", "-n=default"),
+    ("patch", "nodes", ""),
+    ("delete", "nodes", ""),
+    ("create", "clusterrolebindings", ""),
+    ("create", "pods", "-n=default --subresource=exec"),
+    ("patch", "deployments", f"-n={RELEASE_NAMESPACE}"),
+    ("delete", "namespaces", ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "scope"),
+    CAN + CANNOT,
+    ids=[f"{'can' if c in CAN else 'cannot'} {c[0]} {c[1]} {c[2]}" for c in CAN + CANNOT],
+)
+def test_rbac_is_sufficient_and_not_excessive(cluster, release, verb, resource, scope):
+    args = ["auth", "can-i", verb, resource, f"--as={SERVICE_ACCOUNT}"]
+    answer = cluster.kubectl(*args, *scope.split(), check=False).stdout.strip()
+    assert answer == ("yes" if (verb, resource, scope) in CAN else "no")
+
+
+def demo_manifest(namespace: str) -> dict[str, Any]:
+    manifest = load(EXAMPLES / "local-demo.yaml")
+    manifest["metadata"]["namespace"] = namespace
+    return manifest
+
+
+def dashboard_queries() -> list[tuple[str, str, str]]:
+    """(dashboard, panel, expr) for every query of every panel."""
+    found = []
+    for name, board in dashboards.dashboards().items():
+        for panel in board["panels"]:
+            for target in panel["targets"]:
+                found.append((name, panel["title"], target["expr"]))
+    return found
+
+
+def concrete(expr: str, namespace: str, job: str) -> str:
+    return (
+        expr.replace("$namespace", namespace)
+        .replace("$tpujob", job)
+        .replace("$slice", ".*")
+        .replace("$worker", ".*")
+        .replace("$__rate_interval", "20s")
+        .replace("$__range", "15m")
+    )
+
+
+def sane(title: str, values: list[float]) -> bool:
+    if not values or not all(math.isfinite(v) for v in values):
+        return False
+    if "MFU" in title or "Goodput" in title or "fraction" in title:
+        return all(0 <= v <= 1 for v in values)
+    return all(v >= 0 for v in values)
+
+
+def test_demo_trains_through_a_worker_failure_and_is_observable(
+    cluster, release, prometheus: Prometheus, namespace, tpu: Api
+):
+    tpu.apply(demo_manifest(namespace))
+    wait_until(
+        lambda: ((tpu.status(namespace, "demo").get("progress") or {}).get("step") or 0) >= 70,
+        timeout=300,
+        message="the demo to pass step 70 (checkpoint at 50)",
+    )
+    first = tpu.status(namespace, "demo")
+    assert first["attempt"] == 1 and first["phase"] == "Running"
+    assert sorted(first["nodePools"]) == ["v5p-a", "v5p-b"]
+
+    # A worker dies: the whole gang restarts and resumes from the last checkpoint.
+    cluster.agent.kill_pod(namespace, "demo-1-1", exit_code=1)
+    restarted = wait_until(
+        lambda: (
+            (s := tpu.status(namespace, "demo")).get("attempt") == 2
+            and s.get("phase") == "Running"
+            and s
+        ),
+        timeout=240,
+        message="attempt 2 of the demo to run",
+    )
+    assert restarted["restarts"] == 1 and restarted["restartsByReason"] == {"Failed": 1}
+    assert restarted["lastFailure"]["pod"] == "demo-1-1"
+    assert restarted["lastFailure"]["exitCode"] == 1
+    selector = f'namespace="{namespace}", tpujob="demo"'
+    prometheus.wait_for(
+        f"tpu_operator_job_restarts{{{selector}}} == 1", 60, "the restart in the operator's metrics"
+    )
+    prometheus.wait_for(
+        f'tpu_worker_steps_total{{{selector}, attempt="2"}} > 0',
+        180,
+        "attempt 2 steps in the workers' metrics",
+    )
+    log = cluster.pod_log(namespace, "demo-0-0", "worker")
+    found = wait_until(
+        lambda: re.search(r"resumed from checkpoint at step (\d+)", log.read_text()),
+        timeout=120,
+        message="attempt 2 to resume from a checkpoint",
+    )
+    checkpoint = int(found.group(1))
+    assert checkpoint >= 50 and checkpoint % 50 == 0  # --checkpoint-every=50
+    attempt_2 = f'{selector}, attempt="2"'
+    resumed = prometheus.query(
+        f"max((tpu_worker_step{{{attempt_2}}} - tpu_worker_steps_total{{{attempt_2}}})"
+        f" and on (pod) (tpu_worker_steps_total{{{attempt_2}}} > 0))"
+    )
+    assert resumed and float(resumed[0]["value"][1]) == checkpoint, resumed
+
+    # Every worker is a target, labelled as the PodMonitor relabels it.
+    targets = [t for t in prometheus.targets() if t["labels"].get("tpujob") == "demo"]
+    up = {(t["labels"]["slice"], t["labels"]["worker"]) for t in targets if t["health"] == "up"}
+    assert up == {("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")}
+
+    # Every dashboard query answers, with sane values, while the job trains.
+    wait_until(
+        lambda: prometheus.query(
+            f'count(rate(tpu_worker_steps_total{{{selector}, attempt="2"}}[20s]) > 0) == 4'
+        ),
+        timeout=60,
+        message="every worker of attempt 2 stepping in two scrapes",
+    )
+    failures = []
+    for board, title, expr in dashboard_queries():
+        query = concrete(expr, namespace, "demo")
+        result = prometheus.query(query)
+        values = [float(r["value"][1]) for r in result]
+        if not sane(title, values):
+            failures.append(f"{board} / {title}: {query} -> {values}")
+    assert not failures, "\n".join(failures)
+
+    done = tpu.wait_phase(namespace, "demo", "Succeeded", timeout=600)
+    assert done["attempt"] == 2 and done["progress"]["step"] >= 390
+    goodput = done["goodput"]
+    assert 0 < goodput["fraction"] < 1
+    assert goodput["badputSeconds"]["restartDowntime"] > 0
+
+
+def test_stall_alert_fires_for_a_hung_job(
+    cluster, release, prometheus: Prometheus, namespace, tpu: Api
+):
+    command = "tpu-worker demo --steps=100000 --hang-at-step=8 --watchdog-floor=900"
+    manifest = job_manifest(
+        "hung",
+        namespace,
+        {"type": "v5litepod-8", "chipsPerHost": 4},
+        command,
+        monitoring={"sampleInterval": "2s", "stallTimeout": "10s", "stallAction": "None"},
+    )
+    tpu.apply(manifest)
+    alert = prometheus.wait_for(
+        f'ALERTS{{alertname="TPUJobStalled", alertstate="firing", namespace="{namespace}",'
+        ' tpujob="hung"}',
+        240,
+        "the TPUJobStalled alert to fire",
+    )
+    assert alert[0]["metric"]["severity"] == "critical"
+    stalled = wait_until(
+        lambda: next(
+            (
+                c
+                for c in tpu.status(namespace, "hung").get("conditions", [])
+                if c["type"] == "Stalled" and c["status"] == "True"
+            ),
+            None,
+        ),
+        timeout=60,
+        message="the Stalled condition",
+    )
+    assert "no training step" in stalled["message"]
+    assert tpu.status(namespace, "hung")["restarts"] == 0  # stallAction None: no restart
+
+
+def test_every_example_is_accepted_placed_and_wired(cluster, release, namespace, tpu: Api):
+    pools = [
+        Pool(name="ex-v5p-a", vms=32, accelerator="tpu-v5p-slice", topology="4x4x8"),
+        Pool(name="ex-v5p-b", vms=32, accelerator="tpu-v5p-slice", topology="4x4x8"),
+        Pool(name="ex-v6e", vms=4, accelerator="tpu-v6e-slice", topology="4x4"),
+    ]
+    for pool in pools:
+        cluster.agent.add_pool(pool)
+    try:
+        expected = {
+            "v5e-single-slice.yaml": ("TPUJob", "v5e-train", 4),
+            "v5p-multislice.yaml": ("TPUJob", "v5p-multislice", 64),
+            "tpuslice-standalone.yaml": ("TPUSlice", "v6e-interactive", 4),
+        }
+        for file, (kind, name, workers) in expected.items():
+            manifest = load(EXAMPLES / file)
+            manifest["metadata"]["namespace"] = namespace
+            # Placement and wiring only: the pods are simulated instead of run.
+            template = manifest["spec"]["template"]
+            template.setdefault("metadata", {}).setdefault("annotations", {})[
+                "localcluster.tpu-operator.dev/simulate"
+            ] = "true"
+            tpu.apply(manifest)
+            selector = (
+                f"{contract.LABEL_JOB_NAME}={name}"
+                if kind == "TPUJob"
+                else f"{contract.LABEL_SLICE_NAME}={name}"
+            )
+            wait_until(
+                lambda sel=selector, n=workers: (
+                    len(
+                        [
+                            p
+                            for p in tpu.pods(namespace, sel)
+                            if p["status"].get("phase") == "Running"
+                        ]
+                    )
+                    == n
+                ),
+                timeout=120,
+                message=f"the {workers} workers of {file} to run",
+            )
+        multislice = tpu.status(namespace, "v5p-multislice")
+        assert sorted(multislice["nodePools"]) == ["ex-v5p-a", "ex-v5p-b"]
+        assert multislice["phase"] == "Running" and multislice["ready"] == "64/64"
+        slice_labels = [
+            s["metadata"]["labels"]
+            for s in tpu.slices(namespace)
+            if s["metadata"]["name"].startswith("v5p-multislice")
+        ]
+        assert all(labels[contract.LABEL_KUEUE_QUEUE] == "tpu-queue" for labels in slice_labels)
+        assert tpu.status(namespace, "v5e-train")["nodePools"] == ["v5e-4x4"]
+        interactive = next(
+            s for s in tpu.slices(namespace) if s["metadata"]["name"] == "v6e-interactive"
+        )
+        assert interactive["status"]["nodePool"] == "ex-v6e"
+        local = demo_manifest(namespace)
+        result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(local))
+        assert "created (server dry run)" in result.stdout
+    finally:
+        cluster.kubectl(
+            "delete", "tpujobs,tpuslices", "--all", "-n", namespace, "--wait=true", timeout=180
+        )
+        for pool in pools:
+            cluster.agent.remove_pool(pool.name)
+
+
+def test_helm_upgrade_rolls_the_operator_and_keeps_reconciling(
+    cluster, helm: Helm, release, release_values, namespace, tpu: Api
+):
+    before = operator_pod(cluster)["metadata"]["uid"]
+    upgraded = {**release_values, "operator": {**release_values["operator"], "apiConcurrency": 16}}
+    helm(
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--values",
+        values_file(upgraded),
+        "--wait",
+        "--timeout",
+        "180s",
+    )
+    pod = wait_until(
+        lambda: (p := operator_pod(cluster))["metadata"]["uid"] != before and p,
+        timeout=120,
+        message="the upgraded operator pod",
+    )
+    assert "--api-concurrency=16" in pod["spec"]["containers"][0]["args"]
+    tpu.apply(job_manifest("after-upgrade", namespace, {"type": "v5litepod-4"}, "true"))
+    tpu.wait_phase(namespace, "after-upgrade", "Succeeded", timeout=120)
