@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: venv test unit lint fmt crds demo cluster-up cluster-down bench clean
+.PHONY: venv test unit lint fmt crds dashboards demo demo-down cluster-up cluster-down clean
 
 venv: $(STAMP)
 
@@ -30,8 +30,19 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 
+# The local demo: cluster, chart, operator, Prometheus, a JAX training job with live
+# progress and a summary. It keeps running until `make demo-down`.
+demo: venv
+	$(BIN)/python -m localcluster.demo
+
+demo-down: venv
+	$(BIN)/python -m localcluster.demo down
+
 crds: venv
 	$(BIN)/tpu-operator crds --write
+
+dashboards: venv
+	$(BIN)/tpu-operator dashboards --write
 
 # The local control plane with simulated TPU pools, detached (KUBECONFIG is printed).
 cluster-up: venv

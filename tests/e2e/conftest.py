@@ -8,24 +8,17 @@ before this package starts (it is package-scoped there).
 
 from __future__ import annotations
 
-import atexit
-import hashlib
 import json
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from localcluster import binaries
-from tests.e2e.prometheus import Prometheus, free_port
+from localcluster import images
+from localcluster.helm import Helm
+from localcluster.prometheus import Prometheus, free_port
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "tpu-operator"
 RELEASE = "tpu-operator"
 RELEASE_NAMESPACE = "tpu-system"
 
@@ -39,48 +32,18 @@ MONITORING_KINDS = {
 }
 
 
-class Helm:
-    def __init__(self, binary: Path, kubeconfig: Path) -> None:
-        self.binary = binary
-        self.kubeconfig = kubeconfig
+class ReleaseHelm(Helm):
+    """helm with this suite's release and namespace as defaults."""
 
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [str(self.binary), f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
-        return result
-
-    def template(self, values: dict[str, Any], release: str = RELEASE) -> list[dict[str, Any]]:
-        out = self(
-            "template",
-            release,
-            str(CHART),
-            "--namespace",
-            RELEASE_NAMESPACE,
-            "--values",
-            values_file(values),
-        ).stdout
-        return [d for d in yaml.safe_load_all(out) if d]
-
-
-def values_file(values: dict[str, Any]) -> str:
-    """A values file for helm (JSON is YAML), removed at exit."""
-    handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)  # noqa: SIM115
-    with handle:
-        json.dump(values, handle)
-    atexit.register(Path(handle.name).unlink, missing_ok=True)
-    return handle.name
+    def template(  # type: ignore[override]
+        self, values: dict[str, Any], release: str = RELEASE, namespace: str = RELEASE_NAMESPACE
+    ) -> list[dict[str, Any]]:
+        return super().template(values, release=release, namespace=namespace)
 
 
 @pytest.fixture(scope="session")
-def helm(cluster) -> Helm:
-    return Helm(binaries.ensure(binaries.HELM)["helm"], cluster.kubeconfig)
+def helm(cluster) -> ReleaseHelm:
+    return ReleaseHelm(cluster.kubeconfig)
 
 
 @pytest.fixture(scope="session")
@@ -121,33 +84,10 @@ def monitoring_crds(cluster) -> None:
         )
 
 
-def _sources_digest() -> str:
-    digest = hashlib.sha256()
-    for root in ("pyproject.toml", "README.md", "operator", "worker-image"):
-        top = REPO / root
-        for path in sorted(top.rglob("*") if top.is_dir() else [top]):
-            if path.is_file() and "__pycache__" not in path.parts:
-                digest.update(str(path.relative_to(REPO)).encode())
-                digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
-
-
 @pytest.fixture(scope="session")
 def operator_venv() -> Path:
-    """The operator installed exactly as the image installs it (scripts/install-package.sh).
-
-    Kept in the build cache, keyed by the sources, and outside /tmp: the chart mounts an
-    emptyDir at /tmp, and the node agent's pods see the host's file system beneath it.
-    """
-    venv = binaries.cache_root() / "venvs" / f"operator-{_sources_digest()}"
-    if not (venv / "bin" / "tpu-operator").exists():
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run(
-            ["sh", str(REPO / "scripts" / "install-package.sh"), "operator", str(venv), str(REPO)],
-            check=True,
-            timeout=600,
-        )
-    return venv
+    """The operator installed exactly as the image installs it (localcluster.images)."""
+    return images.operator_venv()
 
 
 @pytest.fixture(scope="session")
@@ -174,7 +114,7 @@ def release_values(operator_venv: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def rendered(helm: Helm, release_values: dict[str, Any]) -> list[dict[str, Any]]:
+def rendered(helm: ReleaseHelm, release_values: dict[str, Any]) -> list[dict[str, Any]]:
     return helm.template(release_values)
 
 

@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
+from localcluster.helm import CHART, values_file
 from localcluster.pools import Pool
+from localcluster.prometheus import Prometheus
 from localcluster.testing import wait_until
-from tests.e2e.conftest import CHART, RELEASE, RELEASE_NAMESPACE, Helm, values_file
-from tests.e2e.prometheus import Prometheus
+from tests.e2e.conftest import RELEASE, RELEASE_NAMESPACE, ReleaseHelm
 from tests.operator.support import Api, job_manifest
 from tpu_operator import contract, dashboards
 
@@ -36,7 +37,7 @@ def load(path: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def release(cluster, helm: Helm, monitoring_crds, release_values):
+def release(cluster, helm: ReleaseHelm, monitoring_crds, release_values):
     """The chart installed; the operator Deployment's pod running in the cluster."""
     helm(
         "install",
@@ -413,7 +414,7 @@ def test_every_example_is_accepted_placed_and_wired(cluster, release, namespace,
 
 
 def test_helm_upgrade_rolls_the_operator_and_keeps_reconciling(
-    cluster, helm: Helm, release, release_values, namespace, tpu: Api
+    cluster, helm: ReleaseHelm, release, release_values, namespace, tpu: Api
 ):
     before = operator_pod(cluster)["metadata"]["uid"]
     upgraded = {**release_values, "operator": {**release_values["operator"], "apiConcurrency": 16}}

@@ -149,3 +149,12 @@ def test_goodput_account_across_a_restart():
     total = account.productive_seconds + sum(account.badput_seconds.values())
     assert total == pytest.approx(account.wall_seconds, abs=0.5)
     assert account.fraction == pytest.approx(0.01)
+
+
+def test_rates_freeze_once_training_finished():
+    track = JobTrack(attempt=1)
+    leader = track.worker("j-0-0", 0, 0, None)
+    track.observe(leader, sample(0.0, 0))
+    track.observe(leader, sample(10.0, 50, end=9.0))
+    track.observe(leader, sample(20.0, 50, end=9.0))  # lingering: no new window
+    assert report.progress(track, total_workers=1).steps_per_second == 5.0

@@ -125,6 +125,8 @@ class JobTrack:
         return track
 
     def observe(self, track: WorkerTrack, sample: WorkerSample) -> None:
+        if sample.finished and track.latest is not None and track.latest.finished:
+            return  # training is over: keep the window that ends at its last reading
         track.samples.append(sample)
         if track.worker != 0 or sample.step is None:
             return

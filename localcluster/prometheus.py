@@ -1,4 +1,6 @@
-"""A real Prometheus server for the end-to-end tests, configured from the rendered chart.
+"""A real Prometheus server for the local cluster, configured from the rendered chart.
+
+Used by the end-to-end tests and the local demo.
 
 The chart's PodMonitor (workers) and ServiceMonitor (operator) are translated into the
 scrape configs prometheus-operator would generate for them: pod discovery, the same
@@ -163,7 +165,11 @@ def pod_targets(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class PodDiscovery:
-    """Keeps a file_sd targets file in step with the cluster's pods (see module doc)."""
+    """Keeps a file_sd targets file in step with the cluster's pods (see module doc).
+
+    Runs as a thread (tests) or as its own process (``python -m localcluster.prometheus
+    discover``) for a Prometheus that outlives the command that started it (the demo).
+    """
 
     def __init__(self, api: Any, path: Path) -> None:
         self.api = api
@@ -200,11 +206,14 @@ def free_port() -> int:
 
 
 class Prometheus:
-    """``prometheus`` from Debian's package, on 127.0.0.1, for one test session."""
+    """``prometheus`` from Debian's package on 127.0.0.1 (scripts/ensure-prometheus.sh)."""
 
-    def __init__(self, directory: Path, rendered: list[dict[str, Any]], api: Any):
+    def __init__(
+        self, directory: Path, rendered: list[dict[str, Any]], api: Any, port: int | None = None
+    ):
         self.directory = directory
-        self.port = free_port()
+        directory.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
         targets = directory / "pods.json"
         self.discovery = PodDiscovery(api, targets)
         by_kind = {(d["kind"], d["metadata"]["name"]): d for d in rendered}
@@ -253,8 +262,11 @@ class Prometheus:
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout
 
-    def start(self) -> None:
-        self.discovery.start()
+    def start(self, *, discovery_thread: bool = True) -> None:
+        """Start the server; pod discovery in a thread of this process unless told not to
+        (then run ``python -m localcluster.prometheus discover``)."""
+        if discovery_thread:
+            self.discovery.start()
         binary = shutil.which("prometheus")
         assert binary, "prometheus is missing: scripts/ensure-prometheus.sh installs it"
         with open(self.log, "wb") as log:
@@ -306,3 +318,28 @@ class Prometheus:
     def wait_for(self, expr: str, timeout: float, what: str) -> list[dict[str, Any]]:
         """Poll an instant query until it returns something."""
         return wait_until(lambda: self.query(expr), timeout=timeout, message=f"{what} ({expr})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m localcluster.prometheus discover --cluster DIR --targets FILE``."""
+    import argparse
+
+    from localcluster.cluster import Cluster
+
+    parser = argparse.ArgumentParser(prog="python -m localcluster.prometheus")
+    sub = parser.add_subparsers(dest="command", required=True)
+    discover = sub.add_parser("discover", help="keep a file_sd targets file in step with pods")
+    discover.add_argument("--cluster", required=True, type=Path)
+    discover.add_argument("--targets", required=True, type=Path)
+    args = parser.parse_args(argv)
+    signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    discovery = PodDiscovery(Cluster.attach(args.cluster).api(), args.targets)
+    discovery.start()
+    signal.sigwait(signals)
+    discovery.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
