@@ -11,7 +11,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tpu_operator import __version__
@@ -70,6 +70,25 @@ class PhaseCollector(Collector):
             if (status.get("progress") or {}).get("step") is not None:
                 step.add_metric(key, status["progress"]["step"])
         yield from (phase, restarts, goodput, step)
+
+
+class SamplerCollector(Collector):
+    """The progress sampler's own counters, read at scrape time."""
+
+    def __init__(self, sampler: object) -> None:
+        self._sampler = sampler
+
+    def collect(self):  # type: ignore[override]
+        yield CounterMetricFamily(
+            "tpu_operator_worker_metric_reads",
+            "Worker metrics endpoint reads by the progress sampler",
+            value=float(self._sampler.reads),  # type: ignore[attr-defined]
+        )
+        yield CounterMetricFamily(
+            "tpu_operator_worker_metric_read_failures",
+            "Worker metrics endpoint reads that failed (unreachable, timeout, bad reply)",
+            value=float(self._sampler.failures),  # type: ignore[attr-defined]
+        )
 
 
 class OperatorMetrics:
@@ -162,18 +181,7 @@ class OperatorMetrics:
 
     def watch_sampler(self, sampler: object) -> None:
         """Reads of worker metrics endpoints (counted by the sampler itself)."""
-        reads = Gauge(
-            "tpu_operator_worker_metric_reads_total",
-            "Worker metrics endpoint reads by the progress sampler",
-            registry=self.registry,
-        )
-        failures = Gauge(
-            "tpu_operator_worker_metric_read_failures_total",
-            "Worker metrics endpoint reads that failed (unreachable, timeout, bad reply)",
-            registry=self.registry,
-        )
-        reads.set_function(lambda: float(sampler.reads))  # type: ignore[attr-defined]
-        failures.set_function(lambda: float(sampler.failures))  # type: ignore[attr-defined]
+        self.registry.register(SamplerCollector(sampler))
 
     def watch_queues(self, depths: Callable[[], dict[str, int]]) -> None:
         for queue in ("TPUJob", "TPUSlice"):
