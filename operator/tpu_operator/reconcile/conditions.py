@@ -65,10 +65,3 @@ def set_condition(
             }
         )
     return result
-
-
-def condition_status(conditions: list[dict[str, Any]], type_: str) -> str | None:
-    for condition in conditions:
-        if condition.get("type") == type_:
-            return condition.get("status")
-    return None

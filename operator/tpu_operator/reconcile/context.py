@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -10,6 +9,7 @@ from typing import Any, Protocol
 
 from tpu_operator import contract
 from tpu_operator.reconcile.conditions import now as utc_now
+from tpu_operator.reconcile.conditions import set_condition, stamp
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.runtime.events import EventRecorder, ObjectRef
 from tpu_operator.runtime.kube import ApiError, Kube, namespaced
@@ -143,6 +143,26 @@ def merge_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return patch
 
 
-async def gather_bounded(coroutines: list[Any]) -> list[Any]:
-    """Run coroutines concurrently (the Kube client bounds in-flight requests)."""
-    return await asyncio.gather(*coroutines, return_exceptions=True)
+async def mark_invalid(ctx: Context, body: dict[str, Any], plural: str, exc: Exception) -> None:
+    """An object whose spec the models cannot read: phase Failed, conditions Invalid and
+    Failed, one Warning event. Written once per distinct message, never retried in a loop."""
+    now = ctx.clock()
+    status = dict(body.get("status") or {})
+    message = f"invalid spec: {exc}"
+    if status.get("phase") == "Failed" and status.get("message") == message:
+        return
+    generation = body["metadata"].get("generation")
+    conditions = list(status.get("conditions") or [])
+    for type_ in ("Invalid", "Failed"):
+        conditions = set_condition(
+            conditions, type_, True, "InvalidSpec", message, at=now, generation=generation
+        )
+    status.update(
+        phase="Failed",
+        message=message,
+        conditions=conditions,
+        completionTime=status.get("completionTime") or stamp(now),
+    )
+    if await write_status(ctx.kube, plural, body, status):
+        ref = job_ref(body) if plural == contract.JOB_PLURAL else slice_ref(body)
+        ctx.events.emit(ref, "Warning", "Invalid", message)

@@ -33,7 +33,7 @@ from tpu_operator.decisions import REASON_STALLED, backoff_seconds, decide
 from tpu_operator.placement.pools import Request, allocate, pools_from_nodes
 from tpu_operator.progress import report
 from tpu_operator.reconcile.conditions import parse, set_condition, stamp
-from tpu_operator.reconcile.context import Context, job_ref, write_status
+from tpu_operator.reconcile.context import Context, job_ref, mark_invalid, write_status
 from tpu_operator.reconcile.slices import (
     INVALID_POD_TEMPLATE,
     held_pools,
@@ -69,37 +69,9 @@ class JobReconciler:
             spec = TPUJobSpec.model_validate(body.get("spec") or {})
             shape = spec.slice.resolve()
         except (ValidationError, CatalogError) as exc:
-            await self._invalid(body, exc)
+            await mark_invalid(self.ctx, body, contract.JOB_PLURAL, exc)
             return None
         return await JobRun(self.ctx, body, spec, shape).reconcile()
-
-    async def _invalid(self, body: dict[str, Any], exc: Exception) -> None:
-        now = self.ctx.clock()
-        status = dict(body.get("status") or {})
-        message = f"invalid spec: {exc}"
-        if status.get("phase") == "Failed" and status.get("message") == message:
-            return
-        generation = body["metadata"].get("generation")
-        conditions = set_condition(
-            list(status.get("conditions") or []),
-            "Invalid",
-            True,
-            "InvalidSpec",
-            message,
-            at=now,
-            generation=generation,
-        )
-        conditions = set_condition(
-            conditions, "Failed", True, "InvalidSpec", message, at=now, generation=generation
-        )
-        status.update(
-            phase="Failed",
-            message=message,
-            conditions=conditions,
-            completionTime=status.get("completionTime") or stamp(now),
-        )
-        if await write_status(self.ctx.kube, contract.JOB_PLURAL, body, status):
-            self.ctx.events.emit(job_ref(body), "Warning", "Invalid", message)
 
 
 class JobRun:

@@ -36,7 +36,7 @@ from tpu_operator.catalog import CatalogError, SliceShape
 from tpu_operator.decisions import backoff_seconds, decide
 from tpu_operator.placement.pools import Request, allocate, pools_from_nodes
 from tpu_operator.reconcile.conditions import parse, set_condition, stamp
-from tpu_operator.reconcile.context import Context, slice_ref, write_status
+from tpu_operator.reconcile.context import Context, mark_invalid, slice_ref, write_status
 from tpu_operator.runtime.caches import slice_job_name
 from tpu_operator.runtime.kube import ApiError, namespaced
 from tpu_operator.state.gang import GangState, Member, assess
@@ -90,31 +90,9 @@ class SliceReconciler:
             spec = TPUSliceSpec.model_validate(body.get("spec") or {})
             shape = spec.resolve()
         except (ValidationError, CatalogError) as exc:
-            await self._invalid(body, exc)
+            await mark_invalid(self.ctx, body, contract.SLICE_PLURAL, exc)
             return None
         return await SliceRun(ctx, body, spec, shape).reconcile()
-
-    async def _invalid(self, body: dict[str, Any], exc: Exception) -> None:
-        now = self.ctx.clock()
-        status = dict(body.get("status") or {})
-        message = f"invalid spec: {exc}"
-        if status.get("phase") == "Failed" and status.get("message") == message:
-            return
-        status.update(
-            phase="Failed",
-            message=message,
-            conditions=set_condition(
-                list(status.get("conditions") or []),
-                "Invalid",
-                True,
-                "InvalidSpec",
-                message,
-                at=now,
-                generation=body["metadata"].get("generation"),
-            ),
-        )
-        if await write_status(self.ctx.kube, contract.SLICE_PLURAL, body, status):
-            self.ctx.events.emit(slice_ref(body), "Warning", "Invalid", message)
 
 
 class SliceRun:
