@@ -157,8 +157,8 @@ def test_missing_process_fails_rendezvous_within_timeout(tmp_path: Path) -> None
 def test_killed_process_ends_the_others_within_heartbeat_timeout(tmp_path: Path) -> None:
     heartbeat = 10.0
     with launch.gang(launch.wirings(topology="4x4"), tmp_path) as gang:
-        # Processes 0, 1, 3 straggle (sleep 120 s loading each batch), so when 2 dies they
-        # are in no collective: only JAX's heartbeat can tell them.
+        # Processes 0, 1, 3 straggle (sleep 120 s loading each batch after the first), so
+        # when 2 dies after step 1 they are in no collective: only JAX's heartbeat can tell.
         gang.start(
             launch.worker_command(
                 "demo",

@@ -608,8 +608,12 @@ class JobRun:
         )
 
     def _close_attempt(self) -> None:
-        """An attempt ended: carry its time into the goodput totals."""
+        """An attempt ended: its last progress into status, its time into goodput."""
         leader = self.track.leader() if self.track else None
+        if self.track is not None and leader is not None:
+            self.status.progress = report.progress(
+                self.track, self.spec.num_slices * self.shape.hosts
+            )
         carried = report.carry_over(self._carried(), leader.latest if leader else None)
         self.status.running_since = None
         self._set_goodput(carried, None, current_attempt=False)

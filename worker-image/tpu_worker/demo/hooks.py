@@ -29,11 +29,12 @@ def before_step(hooks: Hooks, step: int, process: int) -> None:
         injected_hang(step)
 
 
-def slow_input(hooks: Hooks, process: int) -> None:
-    """A straggler's slow input pipeline: called inside the data-wait phase, so the
-    straggler shows as an outlier in data-wait time (its peers wait for it inside the
-    step's collectives instead)."""
-    if hooks.slow_s and hooks.applies(hooks.slow_processes, process):
+def slow_input(hooks: Hooks, step: int, process: int) -> None:
+    """A straggler's slow input pipeline, from the second step on (the first, with its
+    compilation, is never slowed): called inside the data-wait phase, so the straggler
+    shows as an outlier in data-wait time (its peers wait for it inside the step's
+    collectives instead)."""
+    if step > 1 and hooks.slow_s and hooks.applies(hooks.slow_processes, process):
         time.sleep(hooks.slow_s)
 
 

@@ -172,7 +172,7 @@ def train(options: DemoOptions) -> None:
         began = time.perf_counter()
         hooks.before_step(options.hooks, step, process)
         with report.data_wait():
-            hooks.slow_input(options.hooks, process)
+            hooks.slow_input(options.hooks, step, process)
             batch = data.batch(options.seed, step, options.batch_size, config, batch_sharding)
         state, loss = compiled(state, batch)
         loss_value = float(np.asarray(loss.addressable_data(0)))  # waits for the step
