@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from typing import Any
 import yaml
 
 from localcluster import binaries, images
-from localcluster.cluster import Cluster
+from localcluster.cluster import Cluster, ClusterError
 from localcluster.helm import Helm
 from localcluster.prometheus import Prometheus, free_port
 
@@ -35,6 +36,8 @@ DEMO_DIR = REPO / ".demo"
 CLUSTER_DIR = DEMO_DIR / "cluster"
 STATE = DEMO_DIR / "state.json"
 EXAMPLE = REPO / "examples" / "local-demo.yaml"
+# The example's hostPath checkpoints (<dir>/<namespace>/<job>): a new demo starts afresh.
+CHECKPOINTS = Path("/var/tmp/tpu-operator-demo/default/demo")
 RELEASE, RELEASE_NAMESPACE = "tpu-operator", "tpu-system"
 STEPS = 7
 
@@ -112,7 +115,7 @@ def down() -> int:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGTERM)
         STATE.unlink()
-    if (CLUSTER_DIR / "state.json").exists():
+    with contextlib.suppress(ClusterError):  # nothing running there
         Cluster.attach(CLUSTER_DIR).stop()
     print("[demo] stopped")
     return 0
@@ -213,6 +216,9 @@ def up(timeout: float) -> int:
     say(6, "Prometheus scraping the operator and the workers through the chart's monitors")
     prometheus = start_prometheus(cluster, helm, venv)
     say(7, f"kubectl apply -f {EXAMPLE.relative_to(REPO)}: 4 JAX processes on two v5p slices")
+    if CHECKPOINTS.exists():
+        print(f"[demo] removing an earlier demo's checkpoints in {CHECKPOINTS}", flush=True)
+        shutil.rmtree(CHECKPOINTS)
     manifest = yaml.safe_load(EXAMPLE.read_text())
     cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
     status = follow(cluster, timeout)

@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import threading
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -305,9 +306,14 @@ class Prometheus:
                 os.killpg(self.process.pid, signal.SIGKILL)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query's result; a query Prometheus rejects raises with its error."""
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(url, timeout=10) as response:
-            body = json.loads(response.read())
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            detail = json.loads(error.read() or b"{}").get("error", error.reason)
+            raise AssertionError(f"Prometheus rejected {expr!r}: {detail}") from None
         assert body["status"] == "success", body
         return body["data"]["result"]
 

@@ -151,7 +151,9 @@ def fleet() -> dict[str, Any]:
             [
                 (
                     "histogram_quantile(0.95, sum by (le, kind) "
-                    f"(rate(tpu_operator_reconcile_duration_seconds_bucket[{RATE}])))",
+                    f"(rate(tpu_operator_reconcile_duration_seconds_bucket[{RATE}]))) "
+                    "and on (kind) sum by (kind) "
+                    f"(rate(tpu_operator_reconcile_duration_seconds_count[{RATE}])) > 0",
                     "{{kind}}",
                 )
             ],
@@ -272,14 +274,17 @@ def job() -> dict[str, Any]:
             [
                 (
                     "sum by (phase) (rate("
-                    f"tpu_worker_phase_seconds_total{{{WORKERS}}}[{RATE}])) / "
-                    f"scalar(count(tpu_worker_build_info{{{WORKERS}}}))",
+                    f"tpu_worker_phase_seconds_total{{{WORKERS}}}[{RATE}])) / scalar(count("
+                    "count by (pod, attempt) (rate("
+                    f"tpu_worker_phase_seconds_total{{{WORKERS}}}[{RATE}]))))",
                     "{{phase}}",
                 )
             ],
             unit="percentunit",
             y=24,
-            description="phase=step is productive (goodput); the others are badput.",
+            description="Average over the worker processes seen in the window. phase=step "
+            "is productive (goodput); the others are badput. A phase is counted when it ends, "
+            "so a long one (a compilation) shows as a spike.",
         ),
         _panel(
             10,
@@ -287,7 +292,7 @@ def job() -> dict[str, Any]:
             [
                 (
                     "rate(tpu_worker_phase_seconds_total{"
-                    f'{WORKERS}, phase="data_wait"}}[{RATE}]) / on (pod) '
+                    f'{WORKERS}, phase="data_wait"}}[{RATE}]) / on (pod, attempt) '
                     f"rate(tpu_worker_steps_total{{{WORKERS}}}[{RATE}])",
                     "{{pod}}",
                 )

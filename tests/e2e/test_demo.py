@@ -27,8 +27,10 @@ def test_the_local_demo_trains_and_points_to_its_results():
         assert result.returncode == 0, output[-4000:]
         for step in range(1, 8):
             assert f"[demo {step}/7]" in output
-        assert "TPUJob default/demo Succeeded: all 4 workers exited 0" in output
-        assert "step 400" in output and "tokens/s" in output and "goodput" in output
+        assert "TPUJob default/demo Succeeded: all 4 workers exited 0" in output, output
+        summary = output[output.index("TPUJob default/demo Succeeded") :]
+        assert "step 400, attempt 1, restarts 0" in summary, summary
+        assert "tokens/s" in summary and "goodput" in summary, summary
         assert "Prometheus  http://127.0.0.1:" in output
         assert "make demo-down" in output
     finally:

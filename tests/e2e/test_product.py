@@ -218,16 +218,19 @@ def concrete(expr: str, namespace: str, job: str) -> str:
         .replace("$tpujob", job)
         .replace("$slice", ".*")
         .replace("$worker", ".*")
-        .replace("$__rate_interval", "20s")
+        .replace("$__rate_interval", "30s")
         .replace("$__range", "15m")
     )
 
 
 def sane(title: str, values: list[float]) -> bool:
+    """Finite, non-negative, and fractions at most 1 (plus rate() extrapolation: a rate over
+    a 30 s window of counters that move in jumps can overshoot by up to a scrape interval's
+    worth, 2 s / 30 s)."""
     if not values or not all(math.isfinite(v) for v in values):
         return False
     if "MFU" in title or "Goodput" in title or "fraction" in title:
-        return all(0 <= v <= 1 for v in values)
+        return all(0 <= v <= 1.07 for v in values)
     return all(v >= 0 for v in values)
 
 
@@ -290,7 +293,7 @@ def test_demo_trains_through_a_worker_failure_and_is_observable(
     # Every dashboard query answers, with sane values, while the job trains.
     wait_until(
         lambda: prometheus.query(
-            f'count(rate(tpu_worker_steps_total{{{selector}, attempt="2"}}[20s]) > 0) == 4'
+            f'count(rate(tpu_worker_steps_total{{{selector}, attempt="2"}}[30s]) > 0) == 4'
         ),
         timeout=60,
         message="every worker of attempt 2 stepping in two scrapes",
