@@ -164,6 +164,26 @@ class Api:
         items = self.raw.get(f"/api/v1/namespaces/{namespace}/events")["items"]
         return [e for e in items if e["involvedObject"]["name"] == name]
 
+    def wait_events(
+        self, namespace: str, name: str, *reasons: str, timeout: float = 30
+    ) -> list[str]:
+        """Wait until events with all ``reasons`` exist for ``name``; the operator posts
+        events in the background after the status write they belong to."""
+        wanted = set(reasons)
+
+        def seen() -> list[str] | None:
+            found = [e["reason"] for e in self.events(namespace, name)]
+            return found if wanted <= set(found) else None
+
+        return wait_until(
+            seen,
+            timeout=timeout,
+            message=lambda: (
+                f"events {sorted(wanted)} for {name}; seen "
+                f"{sorted({e['reason'] for e in self.events(namespace, name)})}"
+            ),
+        )
+
     def wait_phase(
         self, namespace: str, name: str, phases: str | tuple[str, ...], timeout: float = 90
     ) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import pytest
 
 from localcluster.pools import Pool, Simulate
 from localcluster.testing import wait_until
-from tests.operator.support import Api, PodAttemptRecorder, job_manifest
+from tests.operator.support import PodAttemptRecorder, job_manifest
 from tpu_operator import contract
 
 pytestmark = pytest.mark.integration
@@ -16,10 +16,6 @@ pytestmark = pytest.mark.integration
 def env_of(pod: dict) -> dict[str, object]:
     worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in worker["env"]}
-
-
-def reasons(tpu: Api, namespace: str, name: str) -> list[str]:
-    return [e["reason"] for e in tpu.events(namespace, name)]
 
 
 def test_single_slice_job_runs_to_success_on_its_pool(tpu, namespace, running_operator):
@@ -64,7 +60,7 @@ def test_single_slice_job_runs_to_success_on_its_pool(tpu, namespace, running_op
     assert done["restarts"] == 0
     conditions = {c["type"]: c["status"] for c in done["conditions"]}
     assert conditions["Succeeded"] == "True" and conditions["Running"] == "False"
-    assert {"NodePoolsAssigned", "Running", "Succeeded"} <= set(reasons(tpu, namespace, "train"))
+    tpu.wait_events(namespace, "train", "NodePoolsAssigned", "Running", "Succeeded")
     table = tpu.cluster.kubectl("get", "tpujobs", "-n", namespace).stdout
     assert table.split("\n")[0].split() == [
         "NAME",
@@ -116,7 +112,7 @@ def test_multislice_places_each_slice_in_its_own_pool(tpu, namespace, running_op
     )
     assert waiting["phase"] == "Pending"
     assert "held by" in waiting["message"]
-    assert "WaitingForNodePools" in reasons(tpu, namespace, "second")
+    tpu.wait_events(namespace, "second", "WaitingForNodePools")
 
 
 def test_worker_failure_restarts_the_whole_gang_without_overlap(tpu, namespace, running_operator):
@@ -143,7 +139,7 @@ def test_worker_failure_restarts_the_whole_gang_without_overlap(tpu, namespace, 
     failure = done["lastFailure"]
     assert failure["exitCode"] == 3 and failure["reason"] == "Failed" and failure["counted"]
     assert failure["pod"] in ("flaky-0-1", "flaky-1-1") and failure["attempt"] == 1
-    assert "Restarting" in reasons(tpu, namespace, "flaky")
+    tpu.wait_events(namespace, "flaky", "Restarting")
     assert {
         p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in tpu.pods(namespace)
     } == {"2"}
@@ -165,7 +161,7 @@ def test_max_restarts_exhausted_fails_the_job(tpu, namespace, running_operator):
     assert failed_condition["reason"] == "MaxRestartsExceeded"
     assert "maxRestarts (1) reached" in failed["message"]
     assert failed["lastFailure"]["exitCode"] == 2
-    assert "Failed" in reasons(tpu, namespace, "doomed")
+    tpu.wait_events(namespace, "doomed", "Failed")
 
 
 def test_fatal_exit_code_fails_at_once(tpu, namespace, running_operator):
@@ -259,7 +255,7 @@ def test_suspend_and_resume(tpu, namespace, running_operator):
         message="the resumed job to run",
     )
     assert resumed["attempt"] == 2 and resumed["restarts"] == 0
-    assert {"Suspended", "Resumed"} <= set(reasons(tpu, namespace, "pausable"))
+    tpu.wait_events(namespace, "pausable", "Suspended", "Resumed")
 
 
 def test_leader_success_policy_stops_the_other_workers(tpu, namespace, running_operator):

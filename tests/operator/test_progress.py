@@ -99,7 +99,7 @@ def test_status_reports_progress_and_names_the_straggler(tpu: Api, namespace, ru
     slowest = tpu.status(namespace, "observed")["progress"]["slowestWorkers"]
     assert slowest[0]["pod"] == "observed-0-2"
     assert tpu.status(namespace, "observed")["restarts"] == 0  # stragglers restart nothing
-    assert "Straggler" in [e["reason"] for e in tpu.events(namespace, "observed")]
+    tpu.wait_events(namespace, "observed", "Straggler")
 
 
 def test_stalled_job_restarts_resumes_and_books_the_lost_steps(
@@ -131,7 +131,7 @@ def test_stalled_job_restarts_resumes_and_books_the_lost_steps(
     assert stalled["restartsByReason"] == {"Stalled": 1}
     assert stalled["lastFailure"]["reason"] == "Stalled"
     assert "no training step for" in stalled["lastFailure"]["message"]
-    assert "Stalled" in [e["reason"] for e in tpu.events(namespace, "stuck")]
+    tpu.wait_events(namespace, "stuck", "Stalled")
 
     done = tpu.wait_phase(namespace, "stuck", "Succeeded", timeout=240)
     assert done["attempt"] == 2
