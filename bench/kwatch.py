@@ -1,0 +1,213 @@
+"""The benchmark process's own view of the cluster: raw JSON requests and timed watches.
+
+Every timing of the control-plane benchmarks comes from here, for every variant alike:
+a watch stream per namespace records, on this process's monotonic clock
+(``time.monotonic``, CLOCK_MONOTONIC, shared by all processes of the machine), when each
+pod was first seen, first seen Running and seen deleted. The operator, the bare client
+and JobSet are judged by the same observer, so its own delay cancels out of the ratios.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import ssl
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from localcluster import Cluster
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class Api:
+    """Admin-authenticated JSON requests over one aiohttp session."""
+
+    def __init__(self, cluster: Cluster, *, limit: int = 32) -> None:
+        pki = cluster.layout.pki
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        self.server = cluster.server
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context, limit=limit),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        )
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        ok: tuple[int, ...] = (),
+    ) -> Any:
+        """Send one request; raise on an error status not listed in ``ok``."""
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body)
+        async with self._session.request(
+            method, self.server + path, data=data, headers=headers
+        ) as response:
+            payload = await response.read()
+            if response.status >= 400 and response.status not in ok:
+                raise RuntimeError(f"{method} {path}: {response.status} {payload[:300]!r}")
+            return json.loads(payload) if payload else None
+
+    async def watch(self, path: str, resource_version: str) -> AsyncIterator[dict[str, Any]]:
+        """Watch events of a collection from ``resource_version`` on (JSON lines)."""
+        separator = "&" if "?" in path else "?"
+        url = (
+            f"{self.server}{path}{separator}watch=1&resourceVersion={resource_version}"
+            "&allowWatchBookmarks=false&timeoutSeconds=3600"
+        )
+        async with self._session.get(url) as response:
+            if response.status != 200:
+                raise RuntimeError(f"watch {path}: {response.status}")
+            async for line in response.content:
+                if line.strip():
+                    yield json.loads(line)
+
+
+@dataclass
+class Seen:
+    """What the watch saw of one object (times on the monotonic clock)."""
+
+    name: str
+    uid: str
+    labels: dict[str, str]
+    added: float
+    running: float | None = None
+    deleting: float | None = None
+    """First seen with a deletionTimestamp (or deleted outright)."""
+    deleted: float | None = None
+    phase: str | None = None
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+class Watch:
+    """A timed watch of one collection (pods, TPUJobs, ...) in one namespace."""
+
+    def __init__(self, api: Api, path: str, *, running: Callable[[dict], bool] | None = None):
+        self.api = api
+        self.path = path
+        self.objects: dict[str, Seen] = {}
+        self.history: list[tuple[float, str, str, dict[str, Any]]] = []
+        """(time, event type, name, status) of every event, for status-phase timings."""
+        self._running = running or (lambda o: (o.get("status") or {}).get("phase") == "Running")
+        self.reconnects = 0
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> Watch:
+        listing = await self.api.request("GET", self.path)
+        now = time.monotonic()
+        for item in listing.get("items") or []:
+            self._apply("ADDED", item, now)
+        version = listing["metadata"]["resourceVersion"]
+        self._task = asyncio.create_task(self._run(version))
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self, version: str) -> None:
+        """Follow the stream; when the server ends it, go on from the last version seen."""
+        while True:
+            async for event in self.api.watch(self.path, version):
+                if event.get("type") == "ERROR":
+                    raise RuntimeError(f"watch {self.path}: {event.get('object')}")
+                self._apply(event["type"], event["object"], time.monotonic())
+                version = event["object"]["metadata"]["resourceVersion"]
+            self.reconnects += 1
+
+    def _apply(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        meta = obj["metadata"]
+        uid = meta["uid"]
+        seen = self.objects.get(uid)
+        if seen is None:
+            seen = self.objects[uid] = Seen(meta["name"], uid, meta.get("labels") or {}, now)
+        status = obj.get("status") or {}
+        seen.phase = status.get("phase")
+        seen.status = status
+        if seen.running is None and self._running(obj):
+            seen.running = now
+        if seen.deleting is None and (meta.get("deletionTimestamp") or kind == "DELETED"):
+            seen.deleting = now
+        if kind == "DELETED":
+            seen.deleted = now
+        self.history.append((now, kind, meta["name"], status))
+        self._changed.set()
+
+    async def wait(self, check: Callable[[], Any], timeout: float, what: str) -> float:  # noqa: ASYNC109
+        """Wait until ``check()`` holds; return the monotonic time it was first seen true."""
+        deadline = time.monotonic() + timeout
+        while not check():
+            if self._task is not None and self._task.done():
+                self._task.result()
+                raise RuntimeError(f"watch {self.path} ended")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"waited {timeout:.0f} s for {what}; seen: {self.describe()}")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 1.0))
+        return time.monotonic()
+
+    def describe(self) -> str:
+        """Counts by phase of the objects alive and deleted (for error messages)."""
+        counts: dict[str, int] = {}
+        for seen in self.objects.values():
+            key = f"{seen.phase}{'' if seen.deleted is None else ' (deleted)'}"
+            counts[key] = counts.get(key, 0) + 1
+        return f"{counts}, {self.reconnects} reconnects, {len(self.history)} events"
+
+    # Pod figures -----------------------------------------------------------------------
+
+    def group(self, label: str, value: str) -> list[Seen]:
+        return [s for s in self.objects.values() if s.labels.get(label) == value]
+
+    def alive(self) -> list[Seen]:
+        return [s for s in self.objects.values() if s.deleted is None]
+
+    @staticmethod
+    def nth(times: list[float | None], count: int) -> float | None:
+        """When the ``count``-th of these events happened (None if fewer happened)."""
+        known = sorted(t for t in times if t is not None)
+        return known[count - 1] if len(known) >= count else None
+
+    def created_at(self, label: str, value: str, count: int) -> float | None:
+        return self.nth([s.added for s in self.group(label, value)], count)
+
+    def running_at(self, label: str, value: str, count: int) -> float | None:
+        return self.nth([s.running for s in self.group(label, value)], count)
+
+    def deleting_at(self, label: str, value: str, count: int = 1) -> float | None:
+        return self.nth([s.deleting for s in self.group(label, value)], count)
+
+    def gone_at(self, label: str, value: str) -> float | None:
+        group = self.group(label, value)
+        if not group or any(s.deleted is None for s in group):
+            return None
+        return max(s.deleted for s in group if s.deleted is not None)
+
+    def phase_at(self, name: str, phase: str, since: float, **status: Any) -> float | None:
+        """First time after ``since`` that object ``name`` was seen in ``phase``."""
+        for at, _, seen_name, seen in self.history:
+            if at < since or seen_name != name or seen.get("phase") != phase:
+                continue
+            if all(seen.get(k) == v for k, v in status.items()):
+                return at
+        return None
