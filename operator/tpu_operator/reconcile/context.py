@@ -10,6 +10,8 @@ from typing import Any, Protocol
 from tpu_operator import contract
 from tpu_operator.reconcile.conditions import now as utc_now
 from tpu_operator.reconcile.conditions import set_condition, stamp
+from tpu_operator.reconcile.expectations import CreatedPods, DeletedPods
+from tpu_operator.reconcile.pacing import StatusPacer
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.runtime.events import EventRecorder, ObjectRef
 from tpu_operator.runtime.kube import ApiError, Kube, namespaced
@@ -72,6 +74,9 @@ class Context:
     """Headless Services known to exist (namespace, name)."""
     progress: Any = None
     """The ProgressSampler (None when progress sampling is off)."""
+    pacer: StatusPacer = field(default_factory=StatusPacer)
+    created_pods: CreatedPods = field(default_factory=CreatedPods)
+    deleted_pods: DeletedPods = field(default_factory=DeletedPods)
 
     async def ensure_service(self, namespace: str, body: dict[str, Any]) -> None:
         key = (namespace, body["metadata"]["name"])
@@ -96,7 +101,11 @@ def slice_ref(body: dict[str, Any]) -> ObjectRef:
 
 
 async def write_status(
-    kube: Kube, plural: str, body: dict[str, Any], status: dict[str, Any]
+    kube: Kube,
+    plural: str,
+    body: dict[str, Any],
+    status: dict[str, Any],
+    pacer: StatusPacer | None = None,
 ) -> bool:
     """Replace the status (merge patch) if it changed, guarded by the resourceVersion read.
 
@@ -126,6 +135,8 @@ async def write_status(
         if exc.conflict or exc.not_found:
             return False
         raise
+    if pacer is not None:
+        pacer.wrote(meta["uid"])
     return True
 
 

@@ -153,7 +153,14 @@ class JobRun:
         status.shape = ResolvedShape.model_validate(resolved_shape(self.shape))
         wire = status.wire()
         wire["conditions"] = self.conditions
-        if not await write_status(self.ctx.kube, contract.JOB_PLURAL, self.body, wire):
+        if not self.pending_events and not self.after_commit:
+            current = self.body.get("status") or {}
+            hold = self.ctx.pacer.hold(self.body["metadata"]["uid"], current, wire)
+            if hold:  # only counters moved: written with the next change or after `hold`
+                self._after(hold)
+                return True
+        pacer = self.ctx.pacer
+        if not await write_status(self.ctx.kube, contract.JOB_PLURAL, self.body, wire, pacer):
             return False
         ref = job_ref(self.body)
         for type_, reason, message in self.pending_events:

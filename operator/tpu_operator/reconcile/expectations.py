@@ -1,0 +1,69 @@
+"""Pod creations and deletions the operator asked for that its watch cache has not shown.
+
+A reconcile that runs right after another one created pods can find some of them still
+missing from the cache (the watch trails the API by milliseconds to seconds) and would
+POST them again, only to be told 409 Conflict: at 256 hosts that was up to a fifth of all
+pod POSTs, each one full admission work for the apiserver. Creations are remembered per
+slice until the cache shows the pod or ``ttl`` passes, so a pod deleted before the cache
+ever saw it is still created again. Deletions are remembered by pod UID the same way, so
+a reconcile does not delete a pod again while the cache still shows it running. The same
+idea as the Kubernetes Job controller's "expectations".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+Key = tuple[str, str]
+"""(namespace, slice name)"""
+
+
+class CreatedPods:
+    def __init__(self, ttl: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self._clock = clock
+        self._pending: dict[Key, dict[tuple[str, int], float]] = {}
+
+    def created(self, key: Key, pod: str, attempt: int) -> None:
+        self._pending.setdefault(key, {})[(pod, attempt)] = self._clock()
+
+    def observe(self, key: Key, seen: Iterable[tuple[str, int]]) -> None:
+        """Forget the creations the cache now shows (and the expired ones)."""
+        pending = self._pending.get(key)
+        if not pending:
+            return
+        for pod in seen:
+            pending.pop(pod, None)
+        cutoff = self._clock() - self.ttl
+        for pod in [p for p, at in pending.items() if at < cutoff]:
+            del pending[pod]
+        if not pending:
+            del self._pending[key]
+
+    def awaited(self, key: Key, pod: str, attempt: int) -> bool:
+        """True while a creation of this pod is known but not yet in the cache."""
+        return (pod, attempt) in self._pending.get(key, {})
+
+    def forget(self, key: Key) -> None:
+        self._pending.pop(key, None)
+
+
+class DeletedPods:
+    """Pod UIDs whose deletion was requested, until ``ttl`` passes."""
+
+    def __init__(self, ttl: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self._clock = clock
+        self._requested: dict[str, float] = {}
+
+    def requested(self, uid: str) -> None:
+        now = self._clock()
+        self._requested[uid] = now
+        if len(self._requested) > 4096:
+            cutoff = now - self.ttl
+            self._requested = {u: t for u, t in self._requested.items() if t >= cutoff}
+
+    def awaited(self, uid: str) -> bool:
+        at = self._requested.get(uid)
+        return at is not None and self._clock() - at < self.ttl

@@ -1,0 +1,81 @@
+"""Status-write pacing: counters wait, everything else goes out at once."""
+
+from __future__ import annotations
+
+from tpu_operator.reconcile.pacing import StatusPacer, counters_only
+
+
+def status(waiting: int, phase: str = "Restarting", **extra: object) -> dict[str, object]:
+    return {
+        "phase": phase,
+        "attempt": 2,
+        "ready": f"{256 - waiting}/256",
+        "readyWorkers": 256 - waiting,
+        "message": f"waiting for {waiting} pods",
+        "conditions": [
+            {
+                "type": "Running",
+                "status": "False",
+                "reason": phase,
+                "message": f"attempt 2: waiting for {waiting} pods of the previous attempt",
+                "lastTransitionTime": "2026-11-21T22:47:26Z",
+            }
+        ],
+        "slices": [{"index": 0, "phase": phase, "workers": 256, "readyWorkers": 256 - waiting}],
+        **extra,
+    }
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def goodput(wall: float, finished: float = 0.0) -> dict[str, object]:
+    return {
+        "wallSeconds": wall,
+        "badputSeconds": {"restartDowntime": wall - 6},
+        "finishedAttempts": {"productive": finished},
+    }
+
+
+def test_counts_messages_and_the_live_goodput_account_are_counters_only():
+    assert counters_only(status(200), status(150))
+    assert counters_only(status(200, goodput=goodput(6.5)), status(150, goodput=goodput(7.2)))
+
+
+def test_goodput_carried_from_finished_attempts_is_material():
+    before, after = status(200, goodput=goodput(6.5)), status(200, goodput=goodput(7, 5.0))
+    assert not counters_only(before, after)
+
+
+def test_phase_reason_attempt_and_new_fields_are_material():
+    assert not counters_only(status(200), status(200, phase="Running"))
+    assert not counters_only(status(200), {**status(200), "attempt": 3})
+    assert not counters_only(status(200), status(200, lastFailure={"reason": "Failed"}))
+    flipped = status(200)
+    flipped["conditions"][0]["status"] = "True"  # type: ignore[index]
+    assert not counters_only(status(200), flipped)
+
+
+def test_first_write_and_material_writes_are_never_held():
+    clock = Clock()
+    pacer = StatusPacer(interval=1.0, clock=clock)
+    assert pacer.hold("uid", status(200), status(199)) == 0.0  # nothing written yet
+    pacer.wrote("uid")
+    assert pacer.hold("uid", status(199), status(199, phase="Running")) == 0.0
+    assert pacer.hold("other", status(199), status(198)) == 0.0
+
+
+def test_counter_writes_wait_for_the_rest_of_the_interval():
+    clock = Clock()
+    pacer = StatusPacer(interval=1.0, clock=clock)
+    pacer.wrote("uid")
+    clock.now += 0.25
+    assert pacer.hold("uid", status(200), status(190)) == 0.75
+    clock.now += 0.75
+    assert pacer.hold("uid", status(200), status(190)) == 0.0
+    assert pacer.hold("uid", status(190), status(190)) == 0.0  # nothing to write
