@@ -42,6 +42,18 @@ from localcluster.testing import wait_until as _wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_CLUSTERS = REPO / ".localcluster"
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test belongs to a tier: the README's test command selects by tier, so an
+    unmarked test would silently never run."""
+    untiered = [i.nodeid for i in items if not any(i.get_closest_marker(t) for t in TIERS)]
+    if untiered:
+        raise pytest.UsageError(
+            f"tests without a tier marker ({', '.join(TIERS)}): {', '.join(untiered)}; "
+            "add e.g. `pytestmark = pytest.mark.unit` to the module"
+        )
 
 
 def _remove_stale_test_clusters() -> None:

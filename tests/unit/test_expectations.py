@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tpu_operator.reconcile.expectations import CreatedPods, DeletedPods
 
+pytestmark = pytest.mark.unit
 KEY = ("ns", "train-0")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tpu_operator.reconcile.pacing import StatusPacer, counters_only
 
 
@@ -24,6 +26,9 @@ def status(waiting: int, phase: str = "Restarting", **extra: object) -> dict[str
         "slices": [{"index": 0, "phase": phase, "workers": 256, "readyWorkers": 256 - waiting}],
         **extra,
     }
+
+
+pytestmark = pytest.mark.unit
 
 
 class Clock:
