@@ -48,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
         default=30.0,
         help="at most one progress status write per running job per this many seconds",
     )
+    run.add_argument(
+        "--reconcile-min-interval",
+        type=float,
+        default=0.1,
+        help="seconds between two event-triggered reconciles of one object (coalesces "
+        "the pod events of large slices; 0 reconciles on every event)",
+    )
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
@@ -107,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             health_port=args.health_port or None,
             sample_concurrency=args.sample_concurrency,
             progress_publish_seconds=args.progress_publish_seconds,
+            reconcile_min_interval=args.reconcile_min_interval,
         )
     )
     return 0

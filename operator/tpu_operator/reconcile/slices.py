@@ -229,7 +229,7 @@ class SliceRun:
         """Delete the pods of earlier attempts: one DELETE per pod, all at once (bounded by
         the client's concurrency), each guarded by the pod's UID. The apiserver works
         through a collection DELETE one pod at a time; separate DELETEs let it use all its
-        workers (at 256 hosts the old pods were all terminating in about half the time)."""
+        workers (at 256 hosts the old pods were gone in 60 % of the time)."""
         deleted = self.ctx.deleted_pods
         doomed = [p for p in state.stale if not p.deleting and not deleted.awaited(p.uid)]
         if doomed:

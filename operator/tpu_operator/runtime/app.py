@@ -42,6 +42,8 @@ class OperatorConfig:
     sample_concurrency: int = 64
     progress_publish_seconds: float = 30.0
     """At most one progress write per running job per this many seconds."""
+    reconcile_min_interval: float = 0.1
+    """Seconds between two event-triggered reconciles of one object."""
 
     def describe(self) -> str:
         scope = ", ".join(self.namespaces) if self.namespaces else "all namespaces"
@@ -69,12 +71,14 @@ class Runtime:
             self._reconcile_job,
             workers=config.job_workers,
             observer=self.metrics.reconciled,
+            min_interval=config.reconcile_min_interval,
         )
         self.slices: WorkQueue[tuple[str, str]] = WorkQueue(
             "TPUSlice",
             self._reconcile_slice,
             workers=config.slice_workers,
             observer=self.metrics.reconciled,
+            min_interval=config.reconcile_min_interval,
         )
         self.context = Context(
             kube=self.kube,

@@ -5,6 +5,11 @@ into one reconcile, a key that changes while it is being reconciled runs once mo
 and a reconcile can ask to run again after a delay (restart backoff, deadlines, TTLs).
 Failures are retried per key with exponential backoff. The same pattern as
 controller-runtime's rate-limited queue, in asyncio.
+
+``min_interval`` spaces the reconciles of one key: an event within that time after the
+key's last reconcile waits for the rest of it. A quiet key still reacts at once, but the
+hundreds of pod events of a large slice starting or stopping make a handful of reconciles
+instead of one per event, each of which looks at every pod of the job.
 """
 
 from __future__ import annotations
@@ -35,8 +40,11 @@ class WorkQueue(Generic[K]):
         base_retry: float = 0.5,
         max_retry: float = 60.0,
         observer: Observer | None = None,
+        min_interval: float = 0.0,
     ) -> None:
         self.name = name
+        self.min_interval = min_interval
+        self._finished: dict[K, float] = {}
         self._handler = handler
         self._workers = workers
         self._base_retry = base_retry
@@ -55,19 +63,31 @@ class WorkQueue(Generic[K]):
 
     def add(self, key: K, after: float = 0.0) -> None:
         """Reconcile ``key`` (again), now or after ``after`` seconds."""
-        if after > 0:
-            due = time.monotonic() + after
-            if self._due.get(key, float("inf")) <= due:
+        if after <= 0:
+            if key in self._running:
+                self._dirty.add(key)
                 return
-            self._due[key] = due
-            heapq.heappush(self._delayed, (due, next(self._counter), key))
-            self._wakeup.set()
+            if key in self._queued:
+                return
+            after = self._spacing(key)
+            if after <= 0:
+                self._queued.add(key)
+                self._ready.put_nowait(key)
+                return
+        due = time.monotonic() + after
+        if self._due.get(key, float("inf")) <= due:
             return
-        if key in self._running:
-            self._dirty.add(key)
-        elif key not in self._queued:
-            self._queued.add(key)
-            self._ready.put_nowait(key)
+        self._due[key] = due
+        heapq.heappush(self._delayed, (due, next(self._counter), key))
+        self._wakeup.set()
+
+    def _spacing(self, key: K) -> float:
+        """How long an event for ``key`` waits: the rest of ``min_interval`` since its
+        last reconcile finished."""
+        finished = self._finished.get(key)
+        if finished is None:
+            return 0.0
+        return finished + self.min_interval - time.monotonic()
 
     def __len__(self) -> int:
         return len(self._queued) + len(self._delayed)
@@ -83,6 +103,15 @@ class WorkQueue(Generic[K]):
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _remember_finished(self, key: K) -> None:
+        if self.min_interval <= 0:
+            return
+        now = time.monotonic()
+        self._finished[key] = now
+        if len(self._finished) > 10000:  # older entries no longer delay anything
+            cutoff = now - self.min_interval
+            self._finished = {k: t for k, t in self._finished.items() if t >= cutoff}
 
     async def _timer(self) -> None:
         while True:
@@ -122,6 +151,7 @@ class WorkQueue(Generic[K]):
                 self.add(key, delay)
             finally:
                 self._running.discard(key)
+                self._remember_finished(key)
                 if self._observer is not None:
                     self._observer(self.name, time.monotonic() - started, ok)
             if key in self._dirty:

@@ -1,0 +1,99 @@
+"""The level-triggered work queue: coalescing, re-runs, delays, spacing and retries."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tpu_operator.runtime.workqueue import WorkQueue
+
+pytestmark = pytest.mark.unit
+
+
+class Recorder:
+    def __init__(self, hold: float = 0.0, fail_first: int = 0) -> None:
+        self.calls: list[tuple[str, float]] = []
+        self.hold = hold
+        self.fail_first = fail_first
+
+    async def __call__(self, key: str) -> float | None:
+        self.calls.append((key, time.monotonic()))
+        if len(self.calls) <= self.fail_first:
+            raise RuntimeError("injected")
+        await asyncio.sleep(self.hold)
+        return None
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def test_a_burst_for_one_key_is_one_reconcile_and_one_rerun_for_changes_during_it():
+    async def scenario() -> list[str]:
+        handler = Recorder(hold=0.1)
+        queue: WorkQueue[str] = WorkQueue("t", handler, workers=4)
+        queue.start()
+        for _ in range(50):
+            queue.add("a")
+        await asyncio.sleep(0.02)  # "a" is being reconciled now
+        for _ in range(50):
+            queue.add("a")
+        await asyncio.sleep(0.4)
+        await queue.stop()
+        return [k for k, _ in handler.calls]
+
+    assert run(scenario()) == ["a", "a"]
+
+
+def test_events_within_min_interval_wait_for_the_rest_of_it():
+    async def scenario() -> list[float]:
+        handler = Recorder()
+        queue: WorkQueue[str] = WorkQueue("t", handler, min_interval=0.3)
+        queue.start()
+        queue.add("a")
+        await asyncio.sleep(0.05)
+        for _ in range(20):  # a burst right after the first reconcile
+            queue.add("a")
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.5)
+        await queue.stop()
+        return [t for _, t in handler.calls]
+
+    times = run(scenario())
+    assert len(times) == 2
+    assert times[1] - times[0] >= 0.29
+
+
+def test_a_quiet_key_reacts_at_once_and_other_keys_are_not_spaced():
+    async def scenario() -> tuple[list[str], float]:
+        handler = Recorder()
+        queue: WorkQueue[str] = WorkQueue("t", handler, min_interval=5.0)
+        queue.start()
+        queue.add("a")
+        await asyncio.sleep(0.05)
+        added = time.monotonic()
+        queue.add("b")
+        await asyncio.sleep(0.05)
+        await queue.stop()
+        return [k for k, _ in handler.calls], handler.calls[-1][1] - added
+
+    keys, latency = run(scenario())
+    assert keys == ["a", "b"]
+    assert latency < 0.05
+
+
+def test_a_failed_reconcile_is_retried_with_backoff():
+    async def scenario() -> list[float]:
+        handler = Recorder(fail_first=2)
+        queue: WorkQueue[str] = WorkQueue("t", handler, base_retry=0.1)
+        queue.start()
+        queue.add("a")
+        await asyncio.sleep(0.6)
+        await queue.stop()
+        return [t for _, t in handler.calls]
+
+    times = run(scenario())
+    assert len(times) == 3
+    assert times[1] - times[0] >= 0.09 and times[2] - times[1] >= 0.19
