@@ -1,4 +1,5 @@
-"""The benchmark process's own view of the cluster: raw JSON requests and timed watches.
+"""The benchmark process's own view of the cluster: timed watches (requests and streams go
+through the node agent's JSON client, authenticated as the admin).
 
 Every timing of the control-plane benchmarks comes from here, for every variant alike:
 a watch stream per namespace records, on this process's monotonic clock
@@ -11,72 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
 from localcluster import Cluster
+from localcluster.agent.kube import Kube
 
-MERGE_PATCH = "application/merge-patch+json"
 
-
-class Api:
-    """Admin-authenticated JSON requests over one aiohttp session."""
-
-    def __init__(self, cluster: Cluster, *, limit: int = 32) -> None:
-        pki = cluster.layout.pki
-        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-        self.server = cluster.server
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=context, limit=limit),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-        )
-
-    async def close(self) -> None:
-        await self._session.close()
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        content_type: str = "application/json",
-        ok: tuple[int, ...] = (),
-    ) -> Any:
-        """Send one request; raise on an error status not listed in ``ok``."""
-        headers = {"Accept": "application/json"}
-        data = None
-        if body is not None:
-            headers["Content-Type"] = content_type
-            data = json.dumps(body)
-        async with self._session.request(
-            method, self.server + path, data=data, headers=headers
-        ) as response:
-            payload = await response.read()
-            if response.status >= 400 and response.status not in ok:
-                raise RuntimeError(f"{method} {path}: {response.status} {payload[:300]!r}")
-            return json.loads(payload) if payload else None
-
-    async def watch(self, path: str, resource_version: str) -> AsyncIterator[dict[str, Any]]:
-        """Watch events of a collection from ``resource_version`` on (JSON lines)."""
-        separator = "&" if "?" in path else "?"
-        url = (
-            f"{self.server}{path}{separator}watch=1&resourceVersion={resource_version}"
-            "&allowWatchBookmarks=false&timeoutSeconds=3600"
-        )
-        async with self._session.get(url) as response:
-            if response.status != 200:
-                raise RuntimeError(f"watch {path}: {response.status}")
-            async for line in response.content:
-                if line.strip():
-                    yield json.loads(line)
+def connect(cluster: Cluster, *, limit: int = 32) -> Kube:
+    """The node agent's async JSON client, authenticated as the cluster admin."""
+    pki = cluster.layout.pki
+    return Kube(
+        cluster.server, pki / "ca.crt", pki / "admin.crt", pki / "admin.key", connections=limit
+    )
 
 
 @dataclass
@@ -98,7 +48,7 @@ class Seen:
 class Watch:
     """A timed watch of one collection (pods, TPUJobs, ...) in one namespace."""
 
-    def __init__(self, api: Api, path: str, *, running: Callable[[dict], bool] | None = None):
+    def __init__(self, api: Kube, path: str, *, running: Callable[[dict], bool] | None = None):
         self.api = api
         self.path = path
         self.objects: dict[str, Seen] = {}
@@ -110,7 +60,7 @@ class Watch:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> Watch:
-        listing = await self.api.request("GET", self.path)
+        listing = await self.api.call("GET", self.path)
         now = time.monotonic()
         for item in listing.get("items") or []:
             self._apply("ADDED", item, now)
@@ -126,11 +76,11 @@ class Watch:
     async def _run(self, version: str) -> None:
         """Follow the stream; when the server ends it, go on from the last version seen."""
         while True:
-            async for event in self.api.watch(self.path, version):
-                if event.get("type") == "ERROR":
-                    raise RuntimeError(f"watch {self.path}: {event.get('object')}")
-                self._apply(event["type"], event["object"], time.monotonic())
+            params = {"resourceVersion": version, "timeoutSeconds": "3600"}
+            async for event in self.api.watch(self.path, params):
                 version = event["object"]["metadata"]["resourceVersion"]
+                if event["type"] != "BOOKMARK":
+                    self._apply(event["type"], event["object"], time.monotonic())
             self.reconnects += 1
 
     def _apply(self, kind: str, obj: dict[str, Any], now: float) -> None:

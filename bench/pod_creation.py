@@ -45,9 +45,10 @@ from typing import Any
 import harness
 import jobset
 from harness import say, spread, summary
-from kwatch import Api, Watch
+from kwatch import Watch, connect
 
 from localcluster import Cluster
+from localcluster.agent.kube import Kube
 from tpu_operator import catalog, contract
 from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
 from tpu_operator.builders.slices import job_slice
@@ -86,7 +87,7 @@ def shape(hosts: int) -> catalog.SliceShape:
 @dataclass
 class Bench:
     cluster: Cluster
-    api: Api
+    api: Kube
     operator: harness.Operator | None
     jobset: jobset.JobSetController | None
     trials: list[dict[str, Any]] = field(default_factory=list)
@@ -112,12 +113,12 @@ async def kill(bench: Bench, namespace: str, pod: str) -> float:
 async def drain(bench: Bench, namespace: str, pods: Watch, collections: list[str]) -> None:
     """Delete what a trial left (owners first, then any pods) and wait until it is gone."""
     for path in collections:
-        await bench.api.request(
+        await bench.api.call(
             "DELETE",
             f"{path}?propagationPolicy=Background",
             ok=(404,),
         )
-    await bench.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", ok=(404,))
+    await bench.api.call("DELETE", f"/api/v1/namespaces/{namespace}/pods", ok=(404,))
     await pods.wait(lambda: not pods.alive(), TIMEOUT, f"the pods of {namespace} to be gone")
     for path in collections:
         await wait_empty(bench, path)
@@ -127,7 +128,7 @@ async def drain(bench: Bench, namespace: str, pods: Watch, collections: list[str
 async def wait_empty(bench: Bench, path: str) -> None:
     """Poll a collection until it is empty (the garbage collector works in the background)."""
     deadline = time.monotonic() + TIMEOUT
-    while (await bench.api.request("GET", path)).get("items"):
+    while (await bench.api.call("GET", path)).get("items"):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} still has items after {TIMEOUT:.0f} s")
         await asyncio.sleep(0.2)
@@ -174,7 +175,7 @@ async def trial_operator(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
     jobs = await Watch(bench.api, jobs_path(namespace)).start()
     cpu = bench.operator.cpu()
     started = time.monotonic()
-    await bench.api.request("POST", jobs_path(namespace), tpujob(name, namespace, hosts))
+    await bench.api.call("POST", jobs_path(namespace), tpujob(name, namespace, hosts))
     await pods.wait(lambda: pods.running_at(ATTEMPT, "1", hosts), TIMEOUT, f"{name} Running")
     await jobs.wait(lambda: jobs.phase_at(name, "Running", started), TIMEOUT, f"{name} phase")
     result = {
@@ -202,25 +203,35 @@ async def trial_operator(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
 # Bare client -----------------------------------------------------------------------------
 
 
+def slice_pod(
+    name: str,
+    namespace: str,
+    hosts: int,
+    worker: int,
+    attempt: int,
+    owner: Owner,
+    placement: NodePlacement,
+) -> dict[str, Any]:
+    """Worker ``worker`` of a one-slice job named ``name``, built by the operator's code."""
+    wiring = PodWiring(
+        job_name=name,
+        service=name,
+        slice_name=contract.slice_name(name, 0),
+        shape=shape(hosts),
+        num_slices=1,
+        slice_index=0,
+        worker_index=worker,
+        attempt=attempt,
+    )
+    return worker_pod(
+        namespace=namespace, wiring=wiring, template=TEMPLATE, owner=owner, placement=placement
+    )
+
+
 def bare_pods(name: str, namespace: str, hosts: int, owner: Owner, attempt: int):
     placement = NodePlacement(node_pool=pool_name(hosts))
     return [
-        worker_pod(
-            namespace=namespace,
-            wiring=PodWiring(
-                job_name=name,
-                service=name,
-                slice_name=contract.slice_name(name, 0),
-                shape=shape(hosts),
-                num_slices=1,
-                slice_index=0,
-                worker_index=worker,
-                attempt=attempt,
-            ),
-            template=TEMPLATE,
-            owner=owner,
-            placement=placement,
-        )
+        slice_pod(name, namespace, hosts, worker, attempt, owner, placement)
         for worker in range(hosts)
     ]
 
@@ -240,7 +251,7 @@ async def bare_owner(bench: Bench, name: str, namespace: str, hosts: int) -> Own
         suspend=False,
     )
     del body["metadata"]["ownerReferences"]
-    created = await bench.api.request("POST", jobs_path(namespace, "tpuslices"), body)
+    created = await bench.api.call("POST", jobs_path(namespace, "tpuslices"), body)
     return Owner(contract.API_VERSION, contract.SLICE_KIND, body["metadata"]["name"],
                  created["metadata"]["uid"])  # fmt: skip
 
@@ -352,20 +363,8 @@ def jobset_manifest(name: str, namespace: str, hosts: int, pinned: bool) -> dict
     """The equivalent JobSet: one slice = one Indexed Job of ``hosts`` pods, the same pod
     spec as the operator's worker 0 (without the per-pod hostname and subdomain)."""
     placement = NodePlacement(node_pool=pool_name(hosts) if pinned else None)
-    wiring = PodWiring(
-        job_name=name,
-        service=name,
-        slice_name=contract.slice_name(name, 0),
-        shape=shape(hosts),
-        num_slices=1,
-        slice_index=0,
-        worker_index=0,
-        attempt=1,
-    )
     owner = Owner("v1", "None", "none", "0")  # dropped: the Job owns its pods
-    pod = worker_pod(
-        namespace=namespace, wiring=wiring, template=TEMPLATE, owner=owner, placement=placement
-    )
+    pod = slice_pod(name, namespace, hosts, 0, 1, owner, placement)
     spec = pod["spec"]
     for key in ("hostname", "subdomain"):
         spec.pop(key, None)
@@ -399,7 +398,7 @@ async def trial_jobset(bench: Bench, hosts: int, rep: int, pinned: bool) -> dict
     pods = await pod_watch(bench, namespace)
     cpu = bench.jobset.cpu() + harness.cpu_seconds(bench.kcm_pid())
     started = time.monotonic()
-    await bench.api.request("POST", path, jobset_manifest(name, namespace, hosts, pinned))
+    await bench.api.call("POST", path, jobset_manifest(name, namespace, hosts, pinned))
     await pods.wait(lambda: pods.running_at(label, "0", hosts), TIMEOUT, f"{name} Running")
     result = {
         "created": pods.created_at(label, "0", hosts) - started,  # type: ignore[operator]
@@ -606,7 +605,7 @@ def start_jobset(cluster: Cluster) -> tuple[jobset.JobSetController | None, str]
 
 
 async def drive(bench: Bench, variants: list[str], sizes: list[int], reps: int) -> None:
-    bench.api = Api(bench.cluster)
+    bench.api = connect(bench.cluster)
     try:
         await run_trials(bench, variants, sizes, reps)
     finally:

@@ -38,9 +38,10 @@ from typing import Any
 
 import harness
 from harness import say, spread, summary
-from kwatch import MERGE_PATCH, Api
+from kwatch import connect
 
 from localcluster import Cluster
+from localcluster.agent.kube import MERGE_PATCH, Kube
 from tpu_operator import contract
 
 NAMESPACE = "bench-sample"
@@ -63,7 +64,7 @@ class Run:
     operator: harness.Operator
     standin: subprocess.Popen[bytes]
     port: int
-    api: Api = field(init=False)
+    api: Kube = field(init=False)
     windows: list[dict[str, Any]] = field(default_factory=list)
 
     def apiserver_pid(self) -> int:
@@ -106,11 +107,11 @@ async def bounded(coroutines: list[Any], limit: int = 16) -> None:
 async def create_jobs(run: Run, first: int, last: int) -> None:
     say(f"creating TPUJobs {job_name(first)} .. {job_name(last - 1)}")
     await bounded(
-        [run.api.request("POST", JOBS, tpujob(job_name(i), run.port)) for i in range(first, last)]
+        [run.api.call("POST", JOBS, tpujob(job_name(i), run.port)) for i in range(first, last)]
     )
     deadline = time.monotonic() + 900
     while True:
-        items = (await run.api.request("GET", JOBS))["items"]
+        items = (await run.api.call("GET", JOBS))["items"]
         running = sum((j.get("status") or {}).get("phase") == "Running" for j in items)
         say(f"  {running}/{len(items)} TPUJobs Running")
         if running == len(items) == last:
@@ -124,7 +125,7 @@ async def set_monitoring(run: Run, count: int, enabled: bool) -> None:
     patch = {"spec": {"monitoring": {"enabled": enabled}}}
     await bounded(
         [
-            run.api.request("PATCH", f"{JOBS}/{job_name(i)}", patch, content_type=MERGE_PATCH)
+            run.api.call("PATCH", f"{JOBS}/{job_name(i)}", patch, content_type=MERGE_PATCH)
             for i in range(count)
         ]
     )
@@ -178,7 +179,7 @@ async def window(run: Run, jobs: int, enabled: bool, settings: Settings) -> dict
 
 
 async def measure(run: Run, settings: Settings) -> None:
-    run.api = Api(run.cluster)
+    run.api = connect(run.cluster)
     try:
         created = 0
         for jobs in settings.jobs:
