@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
+from tpu_operator.runtime.stamps import Stamps
+
 Key = tuple[str, str]
 """(namespace, slice name)"""
 
@@ -54,16 +56,11 @@ class DeletedPods:
 
     def __init__(self, ttl: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
-        self._clock = clock
-        self._requested: dict[str, float] = {}
+        self._requested: Stamps[str] = Stamps(ttl, clock)
 
     def requested(self, uid: str) -> None:
-        now = self._clock()
-        self._requested[uid] = now
-        if len(self._requested) > 4096:
-            cutoff = now - self.ttl
-            self._requested = {u: t for u, t in self._requested.items() if t >= cutoff}
+        self._requested.mark(uid)
 
     def awaited(self, uid: str) -> bool:
-        at = self._requested.get(uid)
-        return at is not None and self._clock() - at < self.ttl
+        age = self._requested.age(uid)
+        return age is not None and age < self.ttl

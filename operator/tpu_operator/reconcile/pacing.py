@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tpu_operator.runtime.stamps import Stamps
+
 COUNTER_FIELDS = frozenset({"ready", "readyWorkers", "slicesReady", "message"})
 """Top-level status fields that only count or describe; conditions' and slice summaries'
 ``message`` and ``readyWorkers`` are treated the same way, and so is the goodput account
@@ -52,19 +54,14 @@ class StatusPacer:
         self, interval: float = DEFAULT_INTERVAL, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.interval = interval
-        self._clock = clock
-        self._written: dict[str, float] = {}
+        self._written: Stamps[str] = Stamps(interval, clock)
 
     def hold(self, uid: str, old: dict[str, Any], new: dict[str, Any]) -> float:
         """Seconds to wait before writing ``new`` over ``old`` (0: write now)."""
-        last = self._written.get(uid)
-        if last is None or old == new or not counters_only(old, new):
+        age = self._written.age(uid)
+        if age is None or old == new or not counters_only(old, new):
             return 0.0
-        return max(0.0, last + self.interval - self._clock())
+        return max(0.0, self.interval - age)
 
     def wrote(self, uid: str) -> None:
-        now = self._clock()
-        self._written[uid] = now
-        if len(self._written) > 4096:  # entries older than the interval hold nothing back
-            cutoff = now - self.interval
-            self._written = {k: t for k, t in self._written.items() if t >= cutoff}
+        self._written.mark(uid)

@@ -23,6 +23,8 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
+from tpu_operator.runtime.stamps import Stamps
+
 K = TypeVar("K", bound=Hashable)
 Handler = Callable[[K], Awaitable[float | None]]
 Observer = Callable[[str, float, bool], None]
@@ -44,7 +46,7 @@ class WorkQueue(Generic[K]):
     ) -> None:
         self.name = name
         self.min_interval = min_interval
-        self._finished: dict[K, float] = {}
+        self._finished: Stamps[K] = Stamps(min_interval, limit=10000)
         self._handler = handler
         self._workers = workers
         self._base_retry = base_retry
@@ -84,10 +86,8 @@ class WorkQueue(Generic[K]):
     def _spacing(self, key: K) -> float:
         """How long an event for ``key`` waits: the rest of ``min_interval`` since its
         last reconcile finished."""
-        finished = self._finished.get(key)
-        if finished is None:
-            return 0.0
-        return finished + self.min_interval - time.monotonic()
+        age = self._finished.age(key)
+        return 0.0 if age is None else self.min_interval - age
 
     def __len__(self) -> int:
         return len(self._queued) + len(self._delayed)
@@ -103,15 +103,6 @@ class WorkQueue(Generic[K]):
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def _remember_finished(self, key: K) -> None:
-        if self.min_interval <= 0:
-            return
-        now = time.monotonic()
-        self._finished[key] = now
-        if len(self._finished) > 10000:  # older entries no longer delay anything
-            cutoff = now - self.min_interval
-            self._finished = {k: t for k, t in self._finished.items() if t >= cutoff}
 
     async def _timer(self) -> None:
         while True:
@@ -151,7 +142,8 @@ class WorkQueue(Generic[K]):
                 self.add(key, delay)
             finally:
                 self._running.discard(key)
-                self._remember_finished(key)
+                if self.min_interval > 0:
+                    self._finished.mark(key)
                 if self._observer is not None:
                     self._observer(self.name, time.monotonic() - started, ok)
             if key in self._dirty:
