@@ -21,10 +21,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from localcluster import Cluster, Pool  # noqa: E402
-from tests.operator.support import OperatorProcess, free_port  # noqa: E402
-from tpu_operator import crdgen  # noqa: E402
+from tests.operator.support import (  # noqa: E402
+    OperatorProcess,
+    free_port,
+    install_crds,
+    wait_crd,
+)
 
-__all__ = ["free_port"]
+__all__ = ["free_port", "wait_crd"]
 RESULTS = REPO / "bench" / "results"
 CLUSTERS = REPO / ".localcluster"
 _STARTED = time.monotonic()
@@ -174,37 +178,3 @@ def bench_cluster(
             cluster.kubectl("create", "namespace", namespace)
         yield cluster
         say("stopping the cluster")
-
-
-def install_crds(cluster: Cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crdgen.OUTPUT_DIRS[0]))
-    for crd in crdgen.crds().values():
-        wait_established(cluster, crd["metadata"]["name"])
-        wait_served(cluster, crd["spec"]["names"]["plural"])
-
-
-def wait_served(cluster: Cluster, plural: str, timeout: float = 60) -> None:
-    """Wait until a new resource can be listed (the apiserver answers 429 "storage is
-    (re)initializing" for a moment after a CRD is established)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = cluster.kubectl("get", plural, "--all-namespaces", check=False)
-        if result.returncode == 0:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"cannot list {plural}: {result.stderr.strip()}")
-        time.sleep(0.3)
-
-
-def wait_established(cluster: Cluster, name: str, timeout: float = 60) -> None:
-    """Wait for a CRD to be served (kubectl wait fails while it has no conditions yet)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = cluster.kubectl(
-            "wait", "--for=condition=Established", f"crd/{name}", "--timeout=10s", check=False
-        )
-        if result.returncode == 0:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"CRD {name} not established: {result.stderr.strip()}")
-        time.sleep(0.2)

@@ -186,8 +186,7 @@ class JobSetController:
     def start(self) -> None:
         crd = self.source / "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-        harness.wait_established(self.cluster, "jobsets.jobset.x-k8s.io")
-        harness.wait_served(self.cluster, "jobsets.jobset.x-k8s.io")
+        harness.wait_crd(self.cluster, "jobsets.jobset.x-k8s.io", "jobsets.jobset.x-k8s.io")
         ca = _serving_cert(self.workdir / "certs")
         config = self.workdir / "config.yaml"
         config.write_text(

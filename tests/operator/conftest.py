@@ -7,18 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.operator.support import Api, OperatorProcess
-from tpu_operator import crdgen
-
-CRD_DIR = crdgen.OUTPUT_DIRS[0]
+from tests.operator.support import Api, OperatorProcess, install_crds
 
 
 @pytest.fixture(scope="session")
 def crds(cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
-    for name in crdgen.crds().values():
-        crd_name = name["metadata"]["name"]
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd_name}", timeout=60)
+    install_crds(cluster)
 
 
 @pytest.fixture(scope="package")

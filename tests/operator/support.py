@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from localcluster import Cluster
 from localcluster.testing import wait_until
-from tpu_operator import contract
+from tpu_operator import contract, crdgen
 
 JOBS = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{{ns}}/{contract.JOB_PLURAL}"
 SLICES = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{{ns}}/{contract.SLICE_PLURAL}"
@@ -232,3 +233,24 @@ class PodAttemptRecorder:
             if len(set(alive.values())) > 1:
                 self.overlaps.append((time.monotonic(), alive))
             time.sleep(0.05)
+
+
+def install_crds(cluster: Cluster) -> None:
+    """Apply the generated CRDs; return once every one of them is established and served."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crdgen.OUTPUT_DIRS[0]))
+    for crd in crdgen.crds().values():
+        wait_crd(cluster, crd["metadata"]["name"], crd["spec"]["names"]["plural"])
+
+
+def wait_crd(cluster: Cluster, name: str, plural: str, timeout: float = 60) -> None:
+    """Wait until CRD ``name`` is established and its resource can be listed (``kubectl
+    wait`` fails while the CRD has no conditions yet, and the apiserver answers 429
+    "storage is (re)initializing" for a moment after it is established)."""
+
+    def succeeds(*args: str) -> bool:
+        return cluster.kubectl(*args, check=False).returncode == 0
+
+    established = ("wait", "--for=condition=Established", f"crd/{name}", "--timeout=10s")
+    wait_until(lambda: succeeds(*established), timeout=timeout, message=f"CRD {name} established")
+    listing = ("get", plural, "--all-namespaces")
+    wait_until(lambda: succeeds(*listing), timeout=timeout, message=f"{plural} to be served")
