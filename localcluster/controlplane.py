@@ -99,9 +99,10 @@ def apiserver(binary: Path, layout: Layout, ports: Ports) -> list[str]:
     ]
 
 
-def controller_manager(binary: Path, layout: Layout, node_monitor_grace_period: float) -> list[str]:
-    kubeconfig = layout.component_kubeconfig("controller-manager")
-    pki = layout.pki
+def _controller_base(binary: Path, layout: Layout, component: str) -> list[str]:
+    """What the controller-manager and the scheduler share: their own kubeconfig for
+    everything, no serving port, a single instance (no leader election)."""
+    kubeconfig = layout.component_kubeconfig(component)
     return [
         str(binary),
         f"--kubeconfig={kubeconfig}",
@@ -109,6 +110,13 @@ def controller_manager(binary: Path, layout: Layout, node_monitor_grace_period: 
         f"--authorization-kubeconfig={kubeconfig}",
         "--secure-port=0",
         "--leader-elect=false",
+    ]
+
+
+def controller_manager(binary: Path, layout: Layout, node_monitor_grace_period: float) -> list[str]:
+    pki = layout.pki
+    return [
+        *_controller_base(binary, layout, "controller-manager"),
         # Each controller acts as its own ServiceAccount, so RBAC is exercised as in a
         # real cluster (and the ServiceAccount token path is used from the start).
         "--use-service-account-credentials=true",
@@ -127,14 +135,8 @@ def controller_manager(binary: Path, layout: Layout, node_monitor_grace_period: 
 
 
 def scheduler(binary: Path, layout: Layout) -> list[str]:
-    kubeconfig = layout.component_kubeconfig("scheduler")
     return [
-        str(binary),
-        f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        "--secure-port=0",
-        "--leader-elect=false",
+        *_controller_base(binary, layout, "scheduler"),
         "--kube-api-qps=200",
         "--kube-api-burst=400",
     ]
