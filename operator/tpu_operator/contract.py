@@ -103,6 +103,9 @@ RESERVED_PORTS: Final = frozenset({*range(8431, 8439), 8471, 8476, 8080, 8482, 2
 EXIT_RETRYABLE: Final = 75
 # Exit code for a rendezvous that did not complete within its timeout.
 EXIT_RENDEZVOUS_FAILED: Final = 76
+# SIGABRT (128 + 6): JAX's coordination service aborted the process because another
+# process of the job stopped heartbeating.
+EXIT_ABORTED_BY_JAX: Final = 134
 
 
 def pod_name(slice_name: str, worker_index: int) -> str:

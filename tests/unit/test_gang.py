@@ -117,6 +117,20 @@ def test_disruption_anywhere_is_the_cause():
     assert state.failure.disruption
 
 
+def test_within_one_second_a_worker_aborted_by_a_dead_peer_is_not_the_cause():
+    same_second = "2026-01-01T00:00:01Z"
+    changes = {
+        "j-0-1": {"phase": "Failed", "ready": False, "exit_code": 134, "finished": same_second},
+        "j-1-0": {"phase": "Failed", "ready": False, "exit_code": 75, "finished": same_second},
+        "j-1-1": {"phase": "Failed", "ready": False, "exit_code": 1, "finished": same_second},
+    }
+    state = gang(*all_running(**changes))
+    assert state.failure is not None
+    assert (state.failure.pod, state.failure.exit_code) == ("j-1-1", 1)
+    earlier = {**changes, "j-0-1": {**changes["j-0-1"], "finished": "2026-01-01T00:00:00Z"}}
+    assert gang(*all_running(**earlier)).failure.pod == "j-0-1"  # an earlier second wins
+
+
 def test_worker_on_not_ready_node_is_node_loss():
     state = gang(*all_running(**{"j-0-1": {"node": "sick"}}), not_ready_nodes=frozenset({"sick"}))
     assert state.failure is not None

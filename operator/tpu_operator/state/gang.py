@@ -3,7 +3,10 @@
 Gang semantics: any worker failing, being deleted or evicted, or losing its node ends the
 attempt for the whole gang. When several workers fail, a disruption anywhere in the gang
 (eviction, preemption, node loss) is taken as the cause, since the other failures usually
-follow from it (a peer vanished); otherwise the earliest failure is the cause.
+follow from it (a peer vanished); otherwise the earliest failure is the cause. Pod finish
+times have one-second resolution, so failures in the same second are ordered by what
+their exit codes say: a worker that ended because a peer died (75 after a failed
+collective, 134 when JAX's coordination service aborted it) follows from the other one.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tpu_operator import contract
 from tpu_operator.state.views import PodView
 
 Outcome = Literal["Creating", "Starting", "Running", "Succeeded", "Failed"]
@@ -131,10 +135,13 @@ def _vanished(member: Member, tombstone: PodView | None, not_ready: frozenset[st
     )
 
 
+FOLLOW_ON_EXIT_CODES = frozenset({contract.EXIT_RETRYABLE, contract.EXIT_ABORTED_BY_JAX})
+
+
 def _cause(failures: list[WorkerFailure]) -> WorkerFailure:
     disruptions = [f for f in failures if f.disruption]
     pool = disruptions or failures
-    return min(pool, key=lambda f: (f.time or "9999", f.pod))
+    return min(pool, key=lambda f: (f.time or "9999", f.exit_code in FOLLOW_ON_EXIT_CODES, f.pod))
 
 
 def assess(
