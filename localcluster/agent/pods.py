@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localcluster.agent.events import EventRecorder
 from localcluster.agent.hosts import HostsFiles
 from localcluster.agent.ipam import Block
 from localcluster.agent.kube import STRATEGIC_PATCH, Kube
@@ -70,6 +71,7 @@ class PodManager:
 
     def __post_init__(self) -> None:
         self.simulator = Simulator(self._report_sim)
+        self.events = EventRecorder(self.kube, self._submit_event)
         self._background: set[asyncio.Task[None]] = set()
 
     # Events ---------------------------------------------------------------------------
@@ -112,7 +114,7 @@ class PodManager:
             return
         if tracked:
             if uid in self.running:
-                self.running[uid].pod["metadata"] = pod["metadata"]
+                self.running[uid].observe(pod)
             return
         if phase in TERMINAL:
             return
@@ -141,6 +143,7 @@ class PodManager:
             volumes=self.volumes,
             service_env=self.service_env,
             report=lambda body: self._report(pod, body),
+            events=self.events,
         )
         self.running[uid] = run
         self.tasks[uid] = asyncio.create_task(self._guard(run), name=f"pod-{meta['name']}")
@@ -195,6 +198,13 @@ class PodManager:
             self.writer.submit(uid, write)
         elif node in self.nodes.nodes:
             self.deferred[uid] = write
+
+    def _submit_event(self, key: Hashable, write: Callable[[], Awaitable[None]]) -> None:
+        """Events of a pod whose node is cut off from the apiserver are dropped."""
+        uid = key[1] if isinstance(key, tuple) else None
+        pod = self.latest.get(str(uid))
+        if pod is not None and self.nodes.reachable(pod["spec"]["nodeName"]):
+            self.writer.submit(key, write)
 
     def _final_delete(self, pod: dict[str, Any]) -> Callable[[], Awaitable[None]]:
         meta = pod["metadata"]
@@ -252,6 +262,7 @@ class PodManager:
             run.kill_now()
         self.tasks.pop(uid, None)
         self.simulator.forget(uid)
+        self.events.forget(uid)
         self.latest.pop(uid, None)
         self.deferred.pop(uid, None)
         self.terminating.discard(uid)
@@ -316,9 +327,9 @@ class PodManager:
             await asyncio.gather(*waits)
             await self.writer.drain()
         for uid in uids:
-            run = self.running.pop(uid, None)
-            if run is not None:
-                run.kill_now()
+            gone = self.running.pop(uid, None)
+            if gone is not None:
+                gone.kill_now()
             self.simulator.forget(uid)
             self.deferred.pop(uid, None)
 

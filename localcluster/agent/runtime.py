@@ -20,7 +20,10 @@ private hostname, and peers' DNS names do not resolve.
 Phases and restarts follow the kubelet: ``restartPolicy`` Never/OnFailure/Always with the
 kubelet's 10 s doubling back-off (capped at 5 min), init containers in order before the
 others, exit code 128+N for a process killed by signal N, reason Completed/Error.
-Readiness and liveness probes are not run: a started container is ready.
+Startup, liveness and readiness probes run as the kubelet runs them (:mod:`.probes`): a
+container without a readiness probe is ready once started; a failed liveness or startup
+probe kills the container, which is then restarted per ``restartPolicy``. Pod ``Ready``
+also waits for the pod's ``readinessGates``. Status is written only when it changes.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localcluster.agent import envvars
+from localcluster.agent import envvars, probes
+from localcluster.agent.events import EventRecorder
 from localcluster.agent.hosts import HostsFiles, pod_hostname
 from localcluster.agent.status import (
     Conditions,
@@ -91,6 +95,8 @@ class Sandbox:
 
     setpriv: str | None
     unshare: str | None
+    nsenter: str | None = None
+    """Enters a container's namespaces for exec probes (only with ``unshare``)."""
 
     @classmethod
     def detect(cls) -> Sandbox:
@@ -108,7 +114,7 @@ class Sandbox:
                 "directly, with the machine's hostname and /etc/hosts; pod DNS names of "
                 "headless Services will NOT resolve for them"
             )
-        return cls(setpriv, unshare)
+        return cls(setpriv, unshare, shutil.which("nsenter") if unshare else None)
 
     def wrap(self, argv: list[str], hosts: Path, hostname: str, mounts: list[Mount]) -> list[str]:
         wrapped = list(argv)
@@ -142,6 +148,10 @@ class Container:
     record: ProcessRecord | None = None
     kill_code: int | None = None
     kill_reason: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    prober: probes.Prober | None = None
+    probe_killed: bool = False
 
     @property
     def name(self) -> str:
@@ -161,6 +171,7 @@ class RunPod:
     volumes: Volumes
     service_env: Mapping[str, str]
     report: Callable[[dict[str, Any]], None]
+    events: EventRecorder | None = None
     containers: list[Container] = field(default_factory=list)
     init_containers: list[Container] = field(default_factory=list)
     conditions: Conditions = field(default_factory=Conditions)
@@ -194,6 +205,9 @@ class RunPod:
             for c in spec.get("containers") or []
         ]
         self.restart_policy = spec.get("restartPolicy", "Always")
+        self.gates = [g["conditionType"] for g in spec.get("readinessGates") or []]
+        self._gate_status: dict[str, str] = {}
+        self._probe_warnings: set[str] = set()
 
     @property
     def uid(self) -> str:
@@ -308,6 +322,8 @@ class RunPod:
             return False
         if container.init:
             return exit_code != 0 and self.restart_policy != "Never"
+        if container.probe_killed:  # the kubelet restarts it whatever the exit code
+            return self.restart_policy != "Never"
         return self.restart_policy == "Always" or (
             self.restart_policy == "OnFailure" and exit_code != 0
         )
@@ -353,6 +369,7 @@ class RunPod:
             )
         container.process = process
         container.kill_code = container.kill_reason = None
+        container.probe_killed = False
         try:
             container.record = ProcessRecord.of(process.pid)
             (self.directory / f"{container.name}.pid").write_text(
@@ -362,6 +379,9 @@ class RunPod:
             container.record = None
         container.status.container_id = f"localcluster://{process.pid}"
         container.status.state = running_state(now())
+        container.env, container.cwd = env, cwd
+        if not container.init:
+            self._start_probes(container)
         log.info(
             "pod %s/%s container %s started: pid %d",
             self.namespace,
@@ -373,6 +393,7 @@ class RunPod:
     async def _wait(self, container: Container) -> int:
         assert container.process is not None
         code = await container.process.wait()
+        self._stop_probes(container)
         exit_code = 128 - code if code < 0 else code
         reason = None
         if container.kill_code is not None:
@@ -417,9 +438,11 @@ class RunPod:
         return {**self.pod, "status": status}
 
     def _update_running(self) -> None:
-        ready = all(c.status.running for c in self.containers) and bool(self.containers)
+        ready = all(c.status.ready for c in self.containers) and bool(self.containers)
         self.conditions.set("ContainersReady", ready, None if ready else "ContainersNotReady")
-        self.conditions.set("Ready", ready, None if ready else "ContainersNotReady")
+        gates = all(self._gate_status.get(gate) == "True" for gate in self.gates)
+        reason = "ContainersNotReady" if not ready else None if gates else "ReadinessGatesNotReady"
+        self.conditions.set("Ready", ready and gates, reason)
         started = any(c.status.state.get("running") or c.status.terminated for c in self.containers)
         self._report("Running" if started else "Pending")
 
@@ -435,7 +458,7 @@ class RunPod:
 
     def _report(self, phase: str) -> None:
         self.phase = phase
-        self.last_patch = patch(
+        body = patch(
             self.pod,
             phase=phase,
             host_ip=self.host_ip,
@@ -448,7 +471,94 @@ class RunPod:
             message=self.message,
             extra_conditions=[self.disruption] if self.disruption else None,
         )
-        self.report(self.last_patch)
+        if body == self.last_patch:
+            return  # nothing changed: no write (probes re-evaluate status every period)
+        self.last_patch = body
+        self.report(body)
+
+    def observe(self, pod: Mapping[str, Any]) -> None:
+        """A newer pod object from the watch: track its metadata and, for readiness gates,
+        the conditions other controllers set (the pod's Ready condition follows them)."""
+        self.pod["metadata"] = pod["metadata"]
+        if not self.gates:
+            return
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        wanted = set(self.gates)
+        status = {c["type"]: c.get("status", "") for c in conditions if c.get("type") in wanted}
+        if status == self._gate_status:
+            return
+        self._gate_status = status
+        if self.phase == "Running" and not self.terminating:
+            self._update_running()
+
+    # Probes ---------------------------------------------------------------------------
+
+    def _start_probes(self, container: Container) -> None:
+        specs, warnings = probes.container_probes(container.spec)
+        for warning in warnings:
+            if warning not in self._probe_warnings:
+                self._probe_warnings.add(warning)
+                log.warning("pod %s/%s: %s", self.namespace, self.name, warning)
+                self._event(container, "Warning", "ProbeWarning", warning)
+        assert container.process is not None
+        in_namespaces = self.sandbox.unshare is not None and self.sandbox.nsenter is not None
+        target = probes.Target(
+            pod_ip=self.pod_ip,
+            container=container.spec,
+            env=container.env,
+            cwd=container.cwd,
+            pid=container.process.pid if in_namespaces else None,
+            nsenter=self.sandbox.nsenter if in_namespaces else None,
+            setpriv=self.sandbox.setpriv,
+        )
+        prober = probes.Prober(
+            specs,
+            target,
+            changed=lambda: self._probe_changed(container),
+            kill=lambda spec, message: self._probe_kill(container, spec, message),
+            event=lambda kind, reason, message: self._event(container, kind, reason, message),
+        )
+        container.prober = prober
+        container.status.probe_started, container.status.probe_ready = prober.started, prober.ready
+        prober.start(f"{self.name}-{container.name}")
+
+    def _stop_probes(self, container: Container) -> None:
+        if container.prober is not None:
+            container.prober.stop()
+            container.prober = None
+
+    def _probe_changed(self, container: Container) -> None:
+        prober = container.prober
+        if prober is None:
+            return
+        container.status.probe_started, container.status.probe_ready = prober.started, prober.ready
+        self._update_running()
+
+    def _probe_kill(self, container: Container, spec: probes.ProbeSpec, message: str) -> None:
+        """A liveness or startup probe failed for good: stop the container gracefully
+        (SIGTERM, grace, SIGKILL); :meth:`_supervise` restarts it per restartPolicy."""
+        process = container.process
+        if process is None or self.terminating:
+            return
+        grace = spec.termination_grace
+        if grace is None:
+            grace = float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
+        log.info("pod %s/%s: %s", self.namespace, self.name, message)
+        self._event(container, "Normal", "Killing", message)
+        container.probe_killed = True
+        self._signal(container, signal.SIGTERM)
+
+        def kill() -> None:
+            if container.process is process:
+                self._signal(container, signal.SIGKILL)
+
+        asyncio.get_running_loop().call_later(max(grace, 0.0), kill)
+
+    def _event(self, container: Container, kind: str, reason: str, message: str) -> None:
+        if self.events is not None:
+            self.events.record(
+                self.pod, kind=kind, reason=reason, message=message, container=container.name
+            )
 
     # Signals --------------------------------------------------------------------------
 
@@ -466,6 +576,8 @@ class RunPod:
         self.terminating = True
         self._wake.set()
         for container in self._live():
+            if container.prober is not None:
+                container.prober.stop_liveness_and_startup()
             self._signal(container, signal.SIGTERM)
         try:
             await asyncio.wait_for(self.finished.wait(), timeout=max(grace, 0.0))
@@ -480,6 +592,7 @@ class RunPod:
         self.report = lambda _patch: None
         self._wake.set()
         for container in self._live():
+            self._stop_probes(container)
             self._signal(container, signal.SIGKILL)
 
     def kill_container(self, name: str | None, exit_code: int, reason: str | None) -> list[str]:

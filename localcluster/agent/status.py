@@ -71,10 +71,22 @@ class ContainerStatus:
     restart_count: int = 0
     last_state: dict[str, Any] = field(default_factory=dict)
     container_id: str | None = None
+    probe_started: bool | None = None
+    """The startup probe's verdict (None: no startup probe, started once running)."""
+    probe_ready: bool | None = None
+    """The readiness probe's verdict (None: no readiness probe, ready once started)."""
 
     @property
     def running(self) -> bool:
         return bool(self.state.get("running"))
+
+    @property
+    def started(self) -> bool:
+        return self.running and self.probe_started is not False
+
+    @property
+    def ready(self) -> bool:
+        return self.started and self.probe_ready is not False
 
     @property
     def terminated(self) -> dict[str, Any] | None:
@@ -87,8 +99,8 @@ class ContainerStatus:
             "imageID": "",
             "state": self.state,
             "lastState": self.last_state or {"running": None, "waiting": None, "terminated": None},
-            "ready": self.running,
-            "started": self.running,
+            "ready": self.ready,
+            "started": self.started,
             "restartCount": self.restart_count,
         }
         if self.container_id:
