@@ -29,6 +29,12 @@ LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE: Final = "tpu-operator"
 # Kueue's queue label: copied from a TPUJob onto its TPUSlices and pods unchanged.
 LABEL_KUEUE_QUEUE: Final = "kueue.x-k8s.io/queue-name"
+# On a worker pod whose container runs the supervisor (in-place gang restarts): its
+# readiness says whether the training process runs, and the operator commands it over the
+# control channel.
+ANNOTATION_SUPERVISED: Final = PREFIX + "supervised"
+# The Secret holding a job's control-channel key (mounted into its supervised pods).
+LABEL_CONTROL_KEY: Final = PREFIX + "control-key"
 
 # GKE node facts (node labels, extended resource, taint).
 NODE_LABEL_ACCELERATOR: Final = "cloud.google.com/gke-tpu-accelerator"
@@ -105,9 +111,14 @@ IDENTITY_ENV: Final = (
 DEFAULT_COORDINATOR_PORT: Final = 8482
 DEFAULT_MEGASCALE_PORT: Final = 8080
 DEFAULT_METRICS_PORT: Final = 9431
-# TPU_PROCESS_PORT on Ironwood: 8471, which the KubeRay TPU webhook sets "for exact parity
-# with JobSet" on GKE (LWS defaults to 8476); distinct from the coordinator, Megascale and
-# metrics ports.
+# TPU_PROCESS_PORT on Ironwood: 8471, libtpu's inter-host port on a multi-host slice (GKE's
+# and xpk's TPU samples declare it, "Default port using which TPU VMs communicate"), and
+# what GKE's webhook gives JobSet pods: the KubeRay TPU webhook copies it "for exact parity
+# with JobSet" (ai-on-gke/kuberay-tpu-webhook main.go tpuProcessPortBase, commit eb7de5a).
+# 8476 (LWS's TpuProcessDefaultPort, kubernetes-sigs/lws pkg/utils/accelerators/tpu.go) is
+# the base of the per-process ports when one VM runs several libtpu processes (PyTorch/XLA's
+# configure_tpu_topology(base_port=8476)); one process per VM here, so 8471. Both are in
+# LIBTPU_PORTS. Distinct from the coordinator, Megascale and metrics ports.
 DEFAULT_TPU_PROCESS_PORT: Final = 8471
 LIBTPU_PORTS: Final = frozenset({*range(8431, 8439), 8471, 8476})
 RESERVED_PORTS: Final = frozenset(
@@ -172,6 +183,28 @@ ENV_DEMO_SLOW_SECONDS: Final = "TPU_WORKER_DEMO_SLOW_SECONDS"
 ENV_DEMO_EXIT_AT_STEP: Final = "TPU_WORKER_DEMO_EXIT_AT_STEP"
 ENV_DEMO_EXIT_CODE: Final = "TPU_WORKER_DEMO_EXIT_CODE"
 ENV_DEMO_EXIT_PROCESSES: Final = "TPU_WORKER_DEMO_EXIT_PROCESSES"
+# Comma-separated attempts in which the hang and exit hooks fire (unset: every attempt).
+ENV_DEMO_FAULT_ATTEMPTS: Final = "TPU_WORKER_DEMO_FAULT_ATTEMPTS"
 # Exit code for a pod env that breaks the contract or a worker setting that is invalid
 # (EX_CONFIG from sysexits.h): a restart cannot fix it.
 EXIT_CONFIG_ERROR: Final = 78
+
+# In-place restarts: the supervisor and its control channel
+# When ENV_CONTROL_PORT is set, ``tpu-worker`` runs as a supervisor: it serves the control
+# channel (``tpu_operator.supervision``) on the pod IP and this port and runs the training
+# command as a child process, which it stops and starts again on the operator's command.
+ENV_CONTROL_PORT: Final = "TPU_OPERATOR_CONTROL_PORT"
+DEFAULT_CONTROL_PORT: Final = 9432
+PORT_NAME_CONTROL: Final = "control"
+# The job's control key, mounted from a Secret (never passed in env).
+CONTROL_KEY_DIR: Final = "/var/run/tpu-operator/control"
+CONTROL_KEY_FILE: Final = "key"
+CONTROL_VOLUME: Final = "tpu-operator-control"
+# Path of the key file, instead of CONTROL_KEY_DIR/CONTROL_KEY_FILE.
+ENV_CONTROL_KEY_FILE: Final = "TPU_OPERATOR_CONTROL_KEY_FILE"
+# Seconds a supervisor whose training process failed waits for a start command before it
+# exits with that process's exit code (the pod fails; the operator recreates the pods).
+ENV_SUPERVISOR_WAIT: Final = "TPU_WORKER_SUPERVISOR_WAIT_SECONDS"
+DEFAULT_SUPERVISOR_WAIT_S: Final = 300.0
+# Set by the supervisor in its child's env: the child runs the training, never supervises.
+ENV_SUPERVISED_CHILD: Final = "TPU_WORKER_SUPERVISED"

@@ -48,6 +48,8 @@ DEVICE_MEMORY_USED_BYTES: Final = PREFIX + "device_memory_used_bytes"
 DEVICE_MEMORY_LIMIT_BYTES: Final = PREFIX + "device_memory_limit_bytes"
 DEVICE_MEMORY_PEAK_USED_BYTES: Final = PREFIX + "device_memory_peak_used_bytes"
 BUILD_INFO: Final = PREFIX + "build_info"
+# Checkpoint requests this process received from its supervisor (SIGUSR1).
+CHECKPOINT_REQUESTS_TOTAL: Final = PREFIX + "checkpoint_requests_total"
 
 # Labels the scrape configuration attaches to every worker series from the pod (the
 # chart's PodMonitor relabelling): the dashboards and alert rules select on them.
@@ -119,6 +121,7 @@ METRICS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     DEVICE_MEMORY_LIMIT_BYTES: (GAUGE, (LABEL_DEVICE,)),
     DEVICE_MEMORY_PEAK_USED_BYTES: (GAUGE, (LABEL_DEVICE,)),
     BUILD_INFO: (GAUGE, BUILD_INFO_LABELS),
+    CHECKPOINT_REQUESTS_TOTAL: (COUNTER, ()),
 }
 
 

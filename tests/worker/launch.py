@@ -117,6 +117,11 @@ class Pod:
     def metrics_url(self) -> str:
         return f"http://{self.ip}:{self.wiring.ports.metrics}/metrics"
 
+    @property
+    def control_url(self) -> str:
+        """Base URL of the supervisor's control channel (when the pod runs one)."""
+        return f"http://{self.ip}:{contract.DEFAULT_CONTROL_PORT}"
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -147,7 +152,11 @@ class Gang:
         workdir: Path,
         extra_env: Mapping[str, str] | None = None,
     ) -> Gang:
-        ports = (all_wirings[0].ports.coordinator, all_wirings[0].ports.metrics)
+        ports = (
+            all_wirings[0].ports.coordinator,
+            all_wirings[0].ports.metrics,
+            contract.DEFAULT_CONTROL_PORT,
+        )
         block = _free_block(ports)
         workdir.mkdir(parents=True, exist_ok=True)
         pods = []

@@ -229,6 +229,7 @@ def test_metric_names_are_stable() -> None:
         "tpu_worker_end_time_seconds": "gauge",
         "tpu_worker_watchdog_threshold_seconds": "gauge",
         "tpu_worker_build_info": "gauge",
+        "tpu_worker_checkpoint_requests": "counter",
     }
 
 

@@ -1,5 +1,8 @@
 """``tpu-worker``: join the job, serve metrics, run training code in this same process.
 
+With ``TPU_OPERATOR_CONTROL_PORT`` set, it supervises instead: it runs the same command as
+a child process and restarts it on the operator's command (``tpu_worker.supervisor``).
+
     tpu-worker run [worker flags] -m package.module [args ...]
     tpu-worker run [worker flags] path/to/script.py [args ...]
     tpu-worker demo [worker flags] [demo flags]
@@ -153,6 +156,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__doc__.strip())
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    own_flags = _split_run(rest)[0] if command == "run" else rest
+    if command in ("run", "demo", "check") and not {"-h", "--help"} & set(own_flags):
+        import os
+
+        from tpu_worker import supervisor
+
+        if supervisor.supervising(os.environ):
+            # Run this same command line as a supervised child (tpu_worker.supervisor).
+            known, _ = worker_flags().parse_known_args(own_flags)
+            return supervisor.main(argv, known.termination_grace_s)
+        if os.environ.get(contract.ENV_SUPERVISED_CHILD):
+            supervisor.die_with_parent()
     if command == "run":
         flags, target = _split_run(rest)
         parser = argparse.ArgumentParser(

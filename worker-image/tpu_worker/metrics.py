@@ -172,6 +172,11 @@ class WorkerMetrics:
             wm.BUILD_INFO_LABELS,
             registry=r,
         )
+        self.checkpoint_requests = Counter(
+            wm.CHECKPOINT_REQUESTS_TOTAL,
+            "Checkpoint requests this process received (SIGUSR1, from its supervisor).",
+            registry=r,
+        )
         for phase in BUILTIN_PHASES:
             self.phase_seconds.labels(phase)  # export zeros so rate() sees every phase
         self._custom_phases: set[str] = set()

@@ -12,6 +12,9 @@
             with report.checkpoint_save():
                 save(state, step + 1)
             break
+        if report.checkpoint_requested(step + 1):  # the operator asked for a checkpoint
+            with report.checkpoint_save():
+                save(state, step + 1)
 
 Call it from the training loop's thread. Everything here is cheap (a few lock-protected
 counter updates per step); nothing blocks on the network.
@@ -25,12 +28,37 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from tpu_worker import metrics as m
 from tpu_worker.accounting import Accountant
 
 # Steps the watchdog's median looks back over.
 MEDIAN_WINDOW = 100
+# A multi-process checkpoint request is saved at least this many steps after the step at
+# which a process proposed it: processes run at most one step apart (every step joins a
+# collective), so the agreed step is ahead of every process when they learn it.
+CHECKPOINT_LEAD_STEPS = 3
+
+
+class CheckpointExchange(Protocol):
+    """How the processes of a job agree on the step of a checkpoint request (the
+    launcher's implementation uses the coordination service's key-value store)."""
+
+    processes: int
+
+    def propose(self, sequence: int, step: int) -> None:
+        """Publish this process's proposed step for its ``sequence``-th request."""
+
+    def proposals(self, sequence: int) -> list[int]:
+        """The proposals published so far for request ``sequence`` (never blocks)."""
+
+
+def agreed_step(proposals: list[int], processes: int) -> int | None:
+    """The step every process saves at: the highest proposal, once all have proposed."""
+    if len(proposals) < processes:
+        return None
+    return max(proposals)
 
 
 class Reporter:
@@ -48,6 +76,13 @@ class Reporter:
         self._last_step = 0
         self._stop = threading.Event()
         self._sync_point: Callable[[int], bool] | None = None
+        # Checkpoint requests: received (signal side) vs. taken (training loop side).
+        self._checkpoint_requests = 0
+        self._checkpoint_taken = 0
+        self._checkpoint_lock = threading.Lock()
+        self._exchange: CheckpointExchange | None = None
+        self._proposed: int | None = None  # sequence of the request this process proposed
+        self._target: int | None = None  # agreed step of that request
         # Peak FLOP/s of this process's devices (set by the launcher; None if unknown).
         self.peak_flops_per_second: float | None = None
 
@@ -197,6 +232,52 @@ class Reporter:
             self._stop.set()
             return True
         return False
+
+    # -- checkpoint requests (SIGUSR1 from the supervisor) -----------------------------------
+
+    def use_checkpoint_exchange(self, exchange: CheckpointExchange | None) -> None:
+        """Agree on the step of each checkpoint request across processes (multi-process)."""
+        self._exchange = exchange
+
+    def request_checkpoint(self) -> None:
+        """Ask the training loop to save a checkpoint soon, without stopping (any thread;
+        not from a signal handler: it takes locks)."""
+        with self._checkpoint_lock:
+            self._checkpoint_requests += 1
+        self.metrics.checkpoint_requests.inc()
+
+    def checkpoint_requested(self, step: int) -> bool:
+        """Whether the loop should save a checkpoint now (and go on). Call it every step.
+
+        True once per request. In a multi-process job every process returns True at the
+        same step (the highest step proposed once every process got the request), so
+        collective checkpoint code is safe to run.
+        """
+        with self._checkpoint_lock:
+            pending = self._checkpoint_requests > self._checkpoint_taken
+        exchange = self._exchange
+        if exchange is None or exchange.processes <= 1:
+            if pending:
+                with self._checkpoint_lock:
+                    self._checkpoint_taken += 1
+            return pending
+        if self._proposed is None:
+            if not pending:
+                return False
+            with self._checkpoint_lock:
+                self._checkpoint_taken += 1
+                sequence = self._checkpoint_taken
+            exchange.propose(sequence, step + CHECKPOINT_LEAD_STEPS)
+            self._proposed = sequence
+        if self._target is None:
+            self._target = agreed_step(exchange.proposals(self._proposed), exchange.processes)
+            if self._target is None:
+                return False
+        target = self._target
+        if step < target:
+            return False
+        self._proposed = self._target = None
+        return step == target
 
 
 _current: Reporter | None = None

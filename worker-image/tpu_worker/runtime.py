@@ -137,6 +137,35 @@ def _preemption_sync_point() -> Callable[[int], bool] | None:
     return multihost_utils.reached_preemption_sync_point
 
 
+class KeyValueCheckpointExchange:
+    """Checkpoint-request agreement through the coordination service's key-value store."""
+
+    PREFIX = "tpu_worker/checkpoint_request"
+
+    def __init__(self, client: object, process_index: int, processes: int) -> None:
+        self._client = client
+        self._process = process_index
+        self.processes = processes
+
+    def propose(self, sequence: int, step: int) -> None:
+        key = f"{self.PREFIX}/{sequence}/{self._process}"
+        self._client.key_value_set(key, str(step))  # type: ignore[attr-defined]
+
+    def proposals(self, sequence: int) -> list[int]:
+        entries = self._client.key_value_dir_get(f"{self.PREFIX}/{sequence}/")  # type: ignore[attr-defined]
+        return [int(value) for _, value in entries]
+
+
+def _checkpoint_exchange() -> KeyValueCheckpointExchange | None:
+    import jax
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    if client is None or jax.process_count() <= 1:
+        return None
+    return KeyValueCheckpointExchange(client, jax.process_index(), jax.process_count())
+
+
 def is_peer_failure(error: BaseException) -> bool:
     """Whether an exception from JAX says another process of the job failed."""
     if type(error).__name__ not in ("XlaRuntimeError", "JaxRuntimeError"):
@@ -176,6 +205,7 @@ class Worker:
             exits.hard_exit(error.exit_code, "rendezvous failed")
         self.termination.chain_native()
         self.reporter.use_sync_point(_preemption_sync_point())
+        self.reporter.use_checkpoint_exchange(_checkpoint_exchange())
         compile_time.install(self.reporter)
         self._describe(rendezvous)
         self.reporter.record_init(max(0.0, time.time() - self.started))

@@ -71,6 +71,7 @@ class TerminationHandler:
         self._python_action: int | None = None
         self._native: Callable[[], None] | None = None
         self._read_fd, self._write_fd = os.pipe()
+        self._wakeups = False
         os.set_blocking(self._write_fd, False)
 
     @property
@@ -78,10 +79,16 @@ class TerminationHandler:
         return self._received.is_set()
 
     def install(self) -> None:
-        """Take SIGTERM (call from the main thread, before anything else runs)."""
+        """Take SIGTERM and SIGUSR1 (call from the main thread, before anything else runs).
+
+        SIGUSR1 is the supervisor's checkpoint request (``Reporter.request_checkpoint``):
+        the reader thread passes it on, outside the signal handler.
+        """
         signal.signal(signal.SIGTERM, self._python_handler)
+        signal.signal(signal.SIGUSR1, self._python_usr1_handler)
         try:
             signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+            self._wakeups = True
         except ValueError:  # not the main thread: the Python-level handler does the work
             log.debug("no wakeup fd; SIGTERM is handled when the main thread runs Python")
         action = _current_action(signal.SIGTERM)
@@ -121,14 +128,24 @@ class TerminationHandler:
         if not self._received.is_set():
             self._on_sigterm()
 
+    def _python_usr1_handler(self, signum: int, frame: object) -> None:
+        if not self._wakeups:  # no reader thread sees it: hand it to a thread (no locks here)
+            threading.Thread(target=self._on_sigusr1, daemon=True).start()
+
     def _read_wakeups(self) -> None:
         while True:
             try:
                 data = os.read(self._read_fd, 64)
             except OSError:
                 return
+            for _ in range(data.count(signal.SIGUSR1)):
+                self._on_sigusr1()
             if signal.SIGTERM in data and not self._received.is_set():
                 self._on_sigterm()
+
+    def _on_sigusr1(self) -> None:
+        log.info("SIGUSR1: checkpoint requested; the training loop saves one soon")
+        self._reporter.request_checkpoint()
 
     def _on_sigterm(self) -> None:
         if self._received.is_set():

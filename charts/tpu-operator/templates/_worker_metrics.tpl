@@ -25,4 +25,5 @@ DEVICE_MEMORY_USED_BYTES: tpu_worker_device_memory_used_bytes
 DEVICE_MEMORY_LIMIT_BYTES: tpu_worker_device_memory_limit_bytes
 DEVICE_MEMORY_PEAK_USED_BYTES: tpu_worker_device_memory_peak_used_bytes
 BUILD_INFO: tpu_worker_build_info
+CHECKPOINT_REQUESTS_TOTAL: tpu_worker_checkpoint_requests_total
 {{- end -}}

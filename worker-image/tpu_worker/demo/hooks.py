@@ -22,6 +22,8 @@ def injected_hang(step: int) -> None:
 
 def before_step(hooks: Hooks, step: int, process: int) -> None:
     """Run before computing global step ``step`` (1-based: the step about to be reached)."""
+    if not hooks.faults_now():
+        return
     if hooks.exit_at_step == step and hooks.applies(hooks.exit_processes, process):
         log.warning("test hook: exiting with code %d before step %d", hooks.exit_code, step)
         sys.exit(hooks.exit_code)

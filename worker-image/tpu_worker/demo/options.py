@@ -41,10 +41,17 @@ class Hooks:
     exit_at_step: int | None = None
     exit_code: int = 1
     exit_processes: frozenset[int] | None = None
+    fault_attempts: frozenset[int] | None = None
+    """Attempts (TPU_OPERATOR_RESTART_ATTEMPT) in which the hang and exit hooks fire."""
+    attempt: int = 1
 
     @staticmethod
     def applies(processes: frozenset[int] | None, process: int) -> bool:
         return processes is None or process in processes
+
+    def faults_now(self) -> bool:
+        """Whether the hang and exit hooks fire in this attempt."""
+        return self.fault_attempts is None or self.attempt in self.fault_attempts
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,13 @@ def parser(
         help=f"code for --exit-at-step (default 1); env {c.ENV_DEMO_EXIT_CODE}",
     )
     hooks.add_argument(
+        "--fault-attempts",
+        type=_processes,
+        default=_processes(_env(c.ENV_DEMO_FAULT_ATTEMPTS)),
+        help=f"attempts in which --hang-at-step and --exit-at-step fire (default all); env "
+        f"{c.ENV_DEMO_FAULT_ATTEMPTS}",
+    )
+    hooks.add_argument(
         "--exit-processes",
         type=_processes,
         default=_processes(_env(c.ENV_DEMO_EXIT_PROCESSES)),
@@ -171,6 +185,8 @@ def from_namespace(ns: argparse.Namespace) -> DemoOptions:
         exit_at_step=None if ns.exit_at_step is None else int(ns.exit_at_step),
         exit_code=ns.exit_code,
         exit_processes=ns.exit_processes,
+        fault_attempts=ns.fault_attempts,
+        attempt=int(_env(contract.ENV_RESTART_ATTEMPT) or 1),
     )
     return DemoOptions(
         model=model,

@@ -191,13 +191,19 @@ def train(options: DemoOptions) -> None:
                 mfu,
             )
         stop = report.should_stop(step)
-        due = step % options.checkpoint_every == 0 or step == options.steps or stop
+        requested = report.checkpoint_requested(step)
+        due = step % options.checkpoint_every == 0 or step == options.steps or stop or requested
         if directory is not None and due:
             with report.checkpoint_save():
                 path = checkpoint.save(
                     directory, step, state, fingerprint, options.keep_checkpoints
                 )
-            log.info("checkpoint saved at step %d%s", step, f" to {path}" if path else "")
+            log.info(
+                "checkpoint saved at step %d%s%s",
+                step,
+                f" to {path}" if path else "",
+                " (requested)" if requested else "",
+            )
         if stop:
             log.warning("stopping at step %d on request (SIGTERM in the job)", step)
             return

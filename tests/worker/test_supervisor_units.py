@@ -1,0 +1,266 @@
+"""Pure parts of the supervisor: its decisions and status, the control server's HTTP and
+authentication layer, the key loader, and the checkpoint-request agreement."""
+
+from __future__ import annotations
+
+import json
+import signal
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tpu_operator import contract
+from tpu_operator import supervision as sv
+from tpu_worker.control import ControlServer, key_loader
+from tpu_worker.reporting import CHECKPOINT_LEAD_STEPS, Reporter, agreed_step
+from tpu_worker.supervisor import (
+    Action,
+    Child,
+    child_env,
+    decide_checkpoint,
+    decide_start,
+    decide_stop,
+    exit_code,
+    exit_reason,
+    status_of,
+    supervising,
+)
+
+pytestmark = pytest.mark.unit
+
+RUNNING_2 = Child(attempt=2, pid=10, started_at=1.0)
+EXITED_2 = Child(attempt=2, pid=10, started_at=1.0, returncode=1, exited_at=2.0)
+
+
+@pytest.mark.parametrize(
+    ("child", "attempt", "action"),
+    [
+        (None, 0, Action.ACT),
+        (RUNNING_2, 2, Action.NOTHING),  # repeated start
+        (RUNNING_2, 1, Action.NOTHING),  # an older attempt's start
+        (EXITED_2, 2, Action.NOTHING),  # that attempt ran already
+        (RUNNING_2, 3, Action.CONFLICT),  # stop attempt 2 first
+        (EXITED_2, 3, Action.ACT),
+    ],
+)
+def test_start_decisions(child: Child | None, attempt: int, action: Action) -> None:
+    assert decide_start(child, attempt) is action
+
+
+@pytest.mark.parametrize(
+    ("child", "attempt", "action"),
+    [
+        (None, 1, Action.NOTHING),
+        (EXITED_2, 2, Action.NOTHING),  # already ended: answered at once
+        (EXITED_2, 1, Action.NOTHING),
+        (RUNNING_2, 2, Action.ACT),
+        (RUNNING_2, 5, Action.ACT),
+        (RUNNING_2, 1, Action.CONFLICT),  # never stop a newer attempt
+    ],
+)
+def test_stop_decisions(child: Child | None, attempt: int, action: Action) -> None:
+    assert decide_stop(child, attempt) is action
+
+
+def test_checkpoint_decisions() -> None:
+    assert decide_checkpoint(RUNNING_2, 2, seen=False) is Action.ACT
+    assert decide_checkpoint(RUNNING_2, 2, seen=True) is Action.NOTHING
+    assert decide_checkpoint(RUNNING_2, 1, seen=False) is Action.CONFLICT
+    assert decide_checkpoint(EXITED_2, 2, seen=False) is Action.CONFLICT
+    assert decide_checkpoint(None, 2, seen=False) is Action.CONFLICT
+    stopping = Child(attempt=2, pid=10, started_at=1.0, stopping=True)
+    assert decide_checkpoint(stopping, 2, seen=False) is Action.CONFLICT
+
+
+def test_status_follows_the_child() -> None:
+    assert status_of(None).state == "idle"
+    assert status_of(RUNNING_2).state == "running"
+    stopping = Child(attempt=2, pid=10, started_at=1.0, stopping=True)
+    assert status_of(stopping).state == "stopping"
+    killed = Child(attempt=2, pid=10, started_at=1.0, returncode=-9, exited_at=3.0)
+    status = status_of(killed, ["c"])
+    assert (status.state, status.exit_code, status.exit_reason) == (
+        "exited",
+        137,
+        "Signaled: SIGKILL",
+    )
+    assert (status.exited_at, status.checkpoints) == (3.0, ["c"])
+    assert sv.SupervisorStatus.from_json(status.to_json()) == status
+
+
+def test_exit_codes_and_reasons() -> None:
+    assert (exit_code(0), exit_reason(0)) == (0, "Exited")
+    assert (exit_code(75), exit_reason(75)) == (75, "Exited")
+    assert (exit_code(-signal.SIGTERM), exit_reason(-signal.SIGTERM)) == (143, "Signaled: SIGTERM")
+
+
+def test_child_env_and_who_supervises() -> None:
+    env = child_env({"A": "1", contract.ENV_RESTART_ATTEMPT: "1"}, {"A": "2"})
+    assert env == {"A": "2", contract.ENV_RESTART_ATTEMPT: "1", contract.ENV_SUPERVISED_CHILD: "1"}
+    assert supervising({contract.ENV_CONTROL_PORT: "9432"})
+    assert not supervising({})
+    assert not supervising(env | {contract.ENV_CONTROL_PORT: "9432"})
+
+
+def test_the_key_loader_rereads_a_changed_file(tmp_path: Path) -> None:
+    path = tmp_path / "key"
+    load = key_loader(path)
+    assert load() is None
+    path.write_bytes(b"")
+    assert load() is None
+    path.write_bytes(b"first")
+    assert load() == b"first"
+    replacement = tmp_path / "new"
+    replacement.write_bytes(b"second")
+    replacement.replace(path)  # how a Secret volume is updated: a new file
+    assert load() == b"second"
+
+
+# -- checkpoint-request agreement ---------------------------------------------------------
+
+
+class SharedStore:
+    """The coordination service's key-value store, for processes in one test."""
+
+    def __init__(self, processes: int) -> None:
+        self.data: dict[int, dict[int, int]] = {}
+        self.processes = processes
+
+    def view(self, process: int) -> _View:
+        return _View(self, process)
+
+
+class _View:
+    def __init__(self, store: SharedStore, process: int) -> None:
+        self._store, self._process = store, process
+        self.processes = store.processes
+
+    def propose(self, sequence: int, step: int) -> None:
+        self._store.data.setdefault(sequence, {})[self._process] = step
+
+    def proposals(self, sequence: int) -> list[int]:
+        return list(self._store.data.get(sequence, {}).values())
+
+
+def test_agreed_step_needs_every_process() -> None:
+    assert agreed_step([5], 2) is None
+    assert agreed_step([5, 7], 2) == 7
+
+
+def test_a_single_process_saves_at_the_next_step() -> None:
+    reporter = Reporter()
+    assert not reporter.checkpoint_requested(1)
+    reporter.request_checkpoint()
+    assert reporter.checkpoint_requested(2)
+    assert not reporter.checkpoint_requested(3), "one request, one checkpoint"
+    assert reporter.metrics.checkpoint_requests._value.get() == 1
+
+
+def test_processes_a_step_apart_agree_on_one_step() -> None:
+    store = SharedStore(2)
+    reporters = [Reporter(), Reporter()]
+    for index, reporter in enumerate(reporters):
+        reporter.use_checkpoint_exchange(store.view(index))
+    reporters[0].request_checkpoint()
+    saved: dict[int, list[int]] = {0: [], 1: []}
+    # Process 0 checks at step 5 first; process 1 gets the request a step later.
+    for step in range(5, 20):
+        for index, reporter in enumerate(reporters):
+            if index == 1 and step == 6:
+                reporter.request_checkpoint()
+            if reporter.checkpoint_requested(step):
+                saved[index].append(step)
+    assert saved[0] == saved[1] == [6 + CHECKPOINT_LEAD_STEPS]
+
+
+# -- the control server over HTTP -----------------------------------------------------------
+
+KEY = b"test-key"
+
+
+class RecordingController:
+    """Answers every command with a fixed status and records what reached it."""
+
+    def __init__(self) -> None:
+        self.calls: list[object] = []
+        self.status_value = sv.SupervisorStatus(state="running", attempt=1, pid=5)
+
+    def ready(self) -> bool:
+        return self.status_value.state == "running"
+
+    def status(self) -> sv.SupervisorStatus:
+        return self.status_value
+
+    def stop(self, request: sv.StopRequest) -> tuple[int, sv.SupervisorStatus]:
+        self.calls.append(request)
+        return 200, self.status_value
+
+    def start(self, request: sv.StartRequest) -> tuple[int, sv.SupervisorStatus]:
+        self.calls.append(request)
+        return 409, self.status_value
+
+    def checkpoint(self, request: sv.CheckpointRequest) -> tuple[int, sv.SupervisorStatus]:
+        self.calls.append(request)
+        return 200, self.status_value
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[RecordingController, str]]:
+    controller = RecordingController()
+    server = ControlServer(controller, sv.Verifier(lambda: KEY), "127.0.0.1", 0)
+    try:
+        yield controller, f"http://127.0.0.1:{server.port}"
+    finally:
+        server.close()
+
+
+def _post(url: str, path: str, body: bytes, header: str | None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url + path, data=body, method="POST")
+    if header:
+        request.add_header("Authorization", header)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_the_server_passes_on_only_authentic_well_formed_commands(
+    served: tuple[RecordingController, str],
+) -> None:
+    controller, url = served
+    stop = json.dumps({"attempt": 1, "grace_seconds": 2}).encode()
+    code, body = _post(url, sv.STOP_PATH, stop, sv.sign(KEY, "POST", sv.STOP_PATH, stop))
+    assert (code, json.loads(body)["state"]) == (200, "running")
+    assert controller.calls == [sv.StopRequest(1, 2.0)]
+    code, body = _post(url, sv.STOP_PATH, stop, sv.sign(b"other", "POST", sv.STOP_PATH, stop))
+    assert (code, json.loads(body)) == (
+        401,
+        {"error": "bad signature (wrong key, or method, path or body changed)"},
+    )
+    bad = b'{"attempt": "x", "grace_seconds": 1}'
+    code, body = _post(url, sv.STOP_PATH, bad, sv.sign(KEY, "POST", sv.STOP_PATH, bad))
+    assert code == 400 and b"attempt must be int" in body
+    start = json.dumps({"attempt": 2, "env": {}}).encode()
+    code, _ = _post(url, sv.START_PATH, start, sv.sign(KEY, "POST", sv.START_PATH, start))
+    assert code == 409  # the controller's answer, passed through
+    assert len(controller.calls) == 2
+    assert _post(url, "/v1/other", b"{}", None)[0] == 404
+    assert _post(url, sv.START_PATH, b"x" * (sv.MAX_BODY_BYTES + 1), None)[0] == 413
+    assert len(controller.calls) == 2
+
+
+def test_readiness_is_open_and_says_nothing_more(served: tuple[RecordingController, str]) -> None:
+    controller, url = served
+    with urllib.request.urlopen(url + sv.READY_PATH, timeout=30) as response:
+        assert (response.status, response.read()) == (200, b"ok")
+    controller.status_value = sv.SupervisorStatus(state="exited", attempt=1, exit_code=1)
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(url + sv.READY_PATH, timeout=30)
+    assert (error.value.code, error.value.read()) == (503, b"not running")
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(url + sv.STATUS_PATH, timeout=30)
+    assert error.value.code == 401

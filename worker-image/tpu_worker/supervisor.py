@@ -1,0 +1,435 @@
+"""``tpu-worker`` as a supervisor: run the training command as a child, restart it on command.
+
+When the pod env sets ``contract.ENV_CONTROL_PORT`` (and this process is not itself a
+supervised child), ``tpu-worker run|demo|check`` does not train: it serves the control
+channel (``tpu_worker.control``) and runs the same command line as a child process
+(``python -m tpu_worker <argv>`` with ``contract.ENV_SUPERVISED_CHILD=1``), which is the
+ordinary worker. The operator stops the child of a failed attempt and starts the next
+attempt in the same pod (in-place gang restart). This process never imports JAX.
+
+Exit: the child's exit 0 ends the supervisor with 0. A failed child is kept as "exited"
+while the supervisor waits up to ``contract.ENV_SUPERVISOR_WAIT`` seconds for a start
+command, then exits with the child's code (the pod fails; the operator recreates pods).
+SIGTERM/SIGINT is passed to the child (it checkpoints), and the supervisor exits with the
+child's code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+from pathlib import Path
+
+from tpu_operator import contract
+from tpu_operator import supervision as sv
+from tpu_worker.control import ControlServer, key_loader
+
+log = logging.getLogger("tpu_worker.supervisor")
+
+# Seconds the supervisor waits for its child beyond the child's termination grace.
+STOP_MARGIN_S = 10.0
+# Checkpoint request ids remembered (for idempotency) per supervisor.
+MAX_CHECKPOINT_IDS = 100
+_PR_SET_PDEATHSIG = 1
+
+
+# -- pure decisions -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Child:
+    """One training process the supervisor started (``returncode`` None while it runs)."""
+
+    attempt: int
+    pid: int
+    started_at: float
+    returncode: int | None = None
+    exited_at: float | None = None
+    stopping: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.returncode is None
+
+
+class Action(Enum):
+    NOTHING = "nothing"  # answer 200 with the status, change nothing
+    CONFLICT = "conflict"  # answer 409 with the status
+    ACT = "act"  # do it
+
+
+def decide_start(child: Child | None, attempt: int) -> Action:
+    """A start command for ``attempt``, given the last child."""
+    if child is None:
+        return Action.ACT
+    if child.attempt >= attempt:
+        return Action.NOTHING  # that attempt (or a newer one) runs or has run
+    if child.running:
+        return Action.CONFLICT  # stop the older attempt first
+    return Action.ACT
+
+
+def decide_stop(child: Child | None, attempt: int) -> Action:
+    """A stop command for ``attempt`` (or older), given the last child."""
+    if child is None or not child.running:
+        return Action.NOTHING
+    if child.attempt > attempt:
+        return Action.CONFLICT  # never stop a newer attempt
+    return Action.ACT
+
+
+def decide_checkpoint(child: Child | None, attempt: int, seen: bool) -> Action:
+    """A checkpoint request for ``attempt``; ``seen``: its id was acknowledged before."""
+    if seen:
+        return Action.NOTHING
+    if child is None or not child.running or child.stopping or child.attempt != attempt:
+        return Action.CONFLICT
+    return Action.ACT
+
+
+def exit_code(returncode: int) -> int:
+    """A process exit code as a shell reports it: 128 + N when killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def exit_reason(returncode: int) -> str:
+    if returncode >= 0:
+        return "Exited"
+    try:
+        return f"Signaled: {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"Signaled: {-returncode}"
+
+
+def status_of(child: Child | None, checkpoints: Sequence[str] = ()) -> sv.SupervisorStatus:
+    if child is None:
+        return sv.SupervisorStatus(state="idle", attempt=0, checkpoints=list(checkpoints))
+    running: sv.State = "stopping" if child.stopping else "running"
+    state: sv.State = running if child.running else "exited"
+    code = child.returncode
+    return sv.SupervisorStatus(
+        state=state,
+        attempt=child.attempt,
+        pid=child.pid,
+        started_at=child.started_at,
+        exit_code=None if code is None else exit_code(code),
+        exit_reason=None if code is None else exit_reason(code),
+        exited_at=child.exited_at,
+        checkpoints=list(checkpoints),
+    )
+
+
+def child_env(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:
+    """The env of a child: the pod's env, the start command's overrides, the child marker."""
+    return {**base, **overrides, contract.ENV_SUPERVISED_CHILD: "1"}
+
+
+def child_argv(argv: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "tpu_worker", *argv]
+
+
+def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not a number of seconds") from None
+    if value < 0:
+        raise ValueError(f"{name}={text!r} must be >= 0")
+    return value
+
+
+def key_path(env: Mapping[str, str]) -> Path:
+    override = env.get(contract.ENV_CONTROL_KEY_FILE, "").strip()
+    return Path(override or f"{contract.CONTROL_KEY_DIR}/{contract.CONTROL_KEY_FILE}")
+
+
+def attempt_of(env: Mapping[str, str]) -> int:
+    try:
+        return max(0, int(env.get(contract.ENV_RESTART_ATTEMPT, "0") or 0))
+    except ValueError:
+        return 0
+
+
+# -- the supervisor ---------------------------------------------------------------------------
+
+
+def die_with_parent() -> None:
+    """In a supervised child: get SIGKILL when the supervisor dies (no orphaned training)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(name, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class Supervisor:
+    """Owns the child process; the control server's threads call its commands."""
+
+    def __init__(
+        self, argv: Sequence[str], env: Mapping[str, str], termination_grace_s: float
+    ) -> None:
+        self._argv = list(argv)
+        self._env = dict(env)
+        self._grace_s = termination_grace_s
+        self._lock = threading.Condition()
+        self._child: Child | None = None
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._checkpoints: list[str] = []
+        self._terminating = False
+        self._pending: tuple[int, dict[str, str]] | None = None  # a start for the main thread
+
+    # -- queries (any thread) --
+
+    def ready(self) -> bool:
+        with self._lock:
+            return self._child is not None and self._child.running and not self._child.stopping
+
+    def status(self) -> sv.SupervisorStatus:
+        with self._lock:
+            return status_of(self._child, self._checkpoints)
+
+    # -- commands (control server threads) --
+
+    def start(self, request: sv.StartRequest) -> tuple[int, sv.SupervisorStatus]:
+        with self._lock:
+            action = decide_start(self._child, request.attempt)
+            if action is Action.ACT and (self._terminating or self._pending is not None):
+                action = Action.CONFLICT
+            if action is Action.ACT:
+                # The main thread spawns every child (a child dies with the thread that
+                # started it: PR_SET_PDEATHSIG), so hand it over and wait.
+                self._pending = (request.attempt, dict(request.env))
+                self._lock.notify_all()
+                self._lock.wait_for(lambda: self._pending is None, timeout=30)
+                if self._pending is not None:  # the supervisor is exiting: not started
+                    self._pending = None
+                    action = Action.CONFLICT
+            elif action is Action.CONFLICT:
+                log.warning(
+                    "start of attempt %d refused: attempt %d still runs; stop it first",
+                    request.attempt,
+                    self._child.attempt if self._child else -1,
+                )
+            code = 409 if action is Action.CONFLICT else 200
+            return code, status_of(self._child, self._checkpoints)
+
+    def stop(self, request: sv.StopRequest) -> tuple[int, sv.SupervisorStatus]:
+        with self._lock:
+            action = decide_stop(self._child, request.attempt)
+            if action is Action.CONFLICT:
+                log.warning(
+                    "stop of attempt %d refused: the running child is attempt %d",
+                    request.attempt,
+                    self._child.attempt if self._child else -1,
+                )
+                return 409, status_of(self._child, self._checkpoints)
+            if action is Action.NOTHING:
+                return 200, status_of(self._child, self._checkpoints)
+        self._stop_child(request.grace_seconds, f"stop command for attempt {request.attempt}")
+        return 200, self.status()
+
+    def checkpoint(self, request: sv.CheckpointRequest) -> tuple[int, sv.SupervisorStatus]:
+        with self._lock:
+            seen = request.id in self._checkpoints
+            action = decide_checkpoint(self._child, request.attempt, seen)
+            if action is Action.ACT and self._child is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._child.pid, signal.SIGUSR1)
+                log.info("checkpoint %r requested of attempt %d", request.id, request.attempt)
+                self._checkpoints = [*self._checkpoints, request.id][-MAX_CHECKPOINT_IDS:]
+            code = 409 if action is Action.CONFLICT else 200
+            return code, status_of(self._child, self._checkpoints)
+
+    # -- child processes --
+
+    def _spawn(self, attempt: int, overrides: Mapping[str, str]) -> None:
+        """Start a child (with the lock held)."""
+        env = child_env(self._env, overrides)
+        popen = subprocess.Popen(child_argv(self._argv), env=env, start_new_session=True)
+        self._popen = popen
+        self._child = Child(attempt=attempt, pid=popen.pid, started_at=time.time())
+        log.info("started the training process of attempt %d: pid %d", attempt, popen.pid)
+        threading.Thread(
+            target=self._reap, args=(popen,), name=f"tpu-worker-child-{popen.pid}", daemon=True
+        ).start()
+
+    def _reap(self, popen: subprocess.Popen[bytes]) -> None:
+        returncode = popen.wait()
+        with self._lock:
+            child = self._child
+            if child is not None and child.pid == popen.pid:
+                self._child = replace(child, returncode=returncode, exited_at=time.time())
+                log.info(
+                    "the training process of attempt %d (pid %d) ended: %s, code %d",
+                    child.attempt,
+                    child.pid,
+                    exit_reason(returncode),
+                    exit_code(returncode),
+                )
+            self._lock.notify_all()
+
+    def _stop_child(self, grace_s: float, why: str) -> None:
+        """SIGTERM the running child's process group, SIGKILL after ``grace_s``; wait."""
+        with self._lock:
+            child = self._child
+            if child is None or not child.running:
+                return
+            self._child = replace(child, stopping=True)
+            log.info("%s: SIGTERM to the training process (pid %d)", why, child.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGTERM)
+            if not self._lock.wait_for(lambda: self._ended(child.pid), timeout=grace_s):
+                log.warning(
+                    "the training process (pid %d) did not end within %gs of SIGTERM: SIGKILL",
+                    child.pid,
+                    grace_s,
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                self._lock.wait_for(lambda: self._ended(child.pid), timeout=30)
+
+    def _ended(self, pid: int) -> bool:
+        child = self._child
+        return child is None or child.pid != pid or not child.running
+
+    # -- main thread --
+
+    def terminate(self) -> None:
+        """SIGTERM/SIGINT to the supervisor (signal handler: takes no lock; the main loop
+        polls the flag)."""
+        self._terminating = True
+
+    def _wake(self, waiting: bool) -> bool:
+        child = self._child
+        ended = child is not None and not child.running
+        return self._terminating or self._pending is not None or (ended and not waiting)
+
+    def run(self, wait_s: float, poll_s: float = 0.2) -> int:
+        """Start the first child and supervise until the supervisor should exit."""
+        with self._lock:
+            self._spawn(attempt_of(self._env), {})
+            deadline: float | None = None  # of the wait for a start after a failure
+            while not self._terminating:
+                waiting = deadline is not None
+                self._lock.wait_for(lambda: self._wake(waiting), timeout=poll_s)  # noqa: B023
+                if self._terminating:
+                    break
+                if self._pending is not None:
+                    attempt, overrides = self._pending
+                    try:
+                        self._spawn(attempt, overrides)
+                    finally:
+                        self._pending = None
+                        self._lock.notify_all()
+                    deadline = None
+                    continue
+                child = self._child
+                if child is None or child.returncode is None:
+                    continue
+                code = exit_code(child.returncode)
+                if deadline is None:
+                    if code == 0:
+                        log.info("training finished (exit 0): the supervisor exits 0")
+                        return 0
+                    log.warning(
+                        "the training process of attempt %d failed (code %d); waiting up to "
+                        "%gs (%s) for a start command, else exiting with its code",
+                        child.attempt,
+                        code,
+                        wait_s,
+                        contract.ENV_SUPERVISOR_WAIT,
+                    )
+                    deadline = time.monotonic() + wait_s
+                elif time.monotonic() >= deadline:
+                    log.error(
+                        "no start command within %gs of the failure: exiting with code %d",
+                        wait_s,
+                        code,
+                    )
+                    return code
+        self._stop_child(self._grace_s + STOP_MARGIN_S, "supervisor got SIGTERM")
+        with self._lock:
+            last = self._child
+        if last is None or last.returncode is None:
+            return contract.EXIT_RETRYABLE
+        return exit_code(last.returncode)
+
+
+def configure_logging() -> None:
+    logging.basicConfig(
+        level=os.environ.get("TPU_WORKER_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s [supervisor] %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def supervising(env: Mapping[str, str]) -> bool:
+    """Whether this ``tpu-worker`` runs as a supervisor."""
+    return bool(env.get(contract.ENV_CONTROL_PORT, "").strip()) and not env.get(
+        contract.ENV_SUPERVISED_CHILD
+    )
+
+
+def main(argv: Sequence[str], termination_grace_s: float | None) -> int:
+    """Supervise ``tpu-worker <argv>``; returns the supervisor's exit code."""
+    configure_logging()
+    env = dict(os.environ)
+    port_text = env.get(contract.ENV_CONTROL_PORT, "").strip()
+    address = env.get(contract.ENV_POD_IP, "").strip()
+    try:
+        port = int(port_text)
+        if not 0 < port < 65536:
+            raise ValueError
+    except ValueError:
+        log.error("%s=%r is not a port number", contract.ENV_CONTROL_PORT, port_text)
+        return contract.EXIT_CONFIG_ERROR
+    if not address:
+        log.error("%s is not set: the control channel needs the pod IP", contract.ENV_POD_IP)
+        return contract.EXIT_CONFIG_ERROR
+    try:
+        wait_s = _float_env(env, contract.ENV_SUPERVISOR_WAIT, contract.DEFAULT_SUPERVISOR_WAIT_S)
+        grace_s = termination_grace_s
+        if grace_s is None:
+            grace_s = _float_env(env, contract.ENV_WORKER_TERMINATION_GRACE, 25.0)
+    except ValueError as error:
+        log.error("%s", error)
+        return contract.EXIT_CONFIG_ERROR
+    path = key_path(env)
+    load = key_loader(path)
+    if load() is None:
+        log.error(
+            "no control key in %s (%s): every control command will be refused with 401; "
+            "mount the job's control Secret there",
+            path,
+            contract.ENV_CONTROL_KEY_FILE,
+        )
+    # The children inherit SIGUSR1 ignored until the worker installs its handler, so an
+    # early checkpoint request cannot kill a child that is still starting.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    supervisor = Supervisor(argv, env, grace_s)
+    try:
+        server = ControlServer(supervisor, sv.Verifier(load), address, port)
+    except OSError as error:
+        log.error("cannot serve the control channel on %s:%d: %s", address, port, error)
+        return contract.EXIT_CONFIG_ERROR
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: supervisor.terminate())
+    try:
+        return supervisor.run(wait_s)
+    finally:
+        server.close()
