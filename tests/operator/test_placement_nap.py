@@ -1,7 +1,8 @@
 """Placement without pre-existing pools, on a local cluster of its own that starts with no
 TPU node and runs the simulated GKE cluster autoscaler and node auto-provisioner
-(localcluster/agent/provisioner.py): pools GKE creates per slice, a pool scaled to zero
-pinned by name, and 2x4 pools of 8-chip and of 4-chip VMs side by side."""
+(localcluster/agent/provisioner.py), with the operator's --default-provisioning=Auto: pools
+GKE creates per slice, one asked for again after it vanished, a pool scaled to zero pinned
+by name, and 2x4 pools of 8-chip and of 4-chip VMs side by side."""
 
 from __future__ import annotations
 
@@ -54,7 +55,10 @@ def nap_cluster() -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def nap_operator(nap_cluster: Cluster, tmp_path_factory) -> Iterator[OperatorProcess]:
     log_path = Path(tmp_path_factory.mktemp("nap-operator")) / "operator.log"
-    process = OperatorProcess(nap_cluster.kubeconfig, log_path)
+    # Auto by default: jobs that do not set placement.provisioning ask GKE for pools too
+    process = OperatorProcess(
+        nap_cluster.kubeconfig, log_path, extra_args=["--default-provisioning=Auto"]
+    )
     process.start()
     yield process
     process.stop()
@@ -170,6 +174,41 @@ def test_multi_host_and_multislice_jobs_get_pools_created_per_slice(tpu: Api, ns
     )
 
 
+def test_a_pool_gke_created_that_vanishes_is_asked_for_again(tpu: Api, ns: str):
+    """A job that does not set placement.provisioning (the operator runs with
+    --default-provisioning=Auto) gets a pool GKE creates; when that pool is deleted under
+    it, the restarted slice asks GKE for a new pool instead of waiting for the old one.
+    The template declares libtpu's ports unnamed, as GKE's and xpk's samples do."""
+    spec = job("vanish", ns, {"type": "v5p-16"})
+    worker = spec["spec"]["template"]["spec"]["containers"][0]
+    worker["ports"] = [{"containerPort": 8471}, {"containerPort": 8080}]
+    tpu.apply(spec)
+    first = tpu.wait_phase(ns, "vanish", "Running", timeout=60)
+    (pool,) = first["nodePools"]
+    assert pool.startswith("nap-ct5p-hightpu-4t-"), pool
+
+    tpu.cluster.agent.remove_pool(pool)  # deleted with the slice's pods on it
+    second = wait_until(
+        lambda: (
+            (s := tpu.status(ns, "vanish")).get("attempt") == 2
+            and s.get("phase") == "Running"
+            and s
+        ),
+        timeout=90,
+        message=lambda: f"vanish attempt 2 Running: {tpu.status(ns, 'vanish').get('message')}",
+    )
+    (renewed,) = second["nodePools"]
+    assert renewed != pool and renewed.startswith("nap-ct5p-hightpu-4t-"), renewed
+    assert pods_by_pool(tpu, ns, "vanish") == {"vanish-0": {renewed}}
+    gone = [e["message"] for e in tpu.events(ns, "vanish") if e["reason"] == "NodePoolGone"]
+    assert gone == [
+        f"slice 0: node pool {pool} has no nodes; GKE deleted it or scaled it to zero; its "
+        "pods ask GKE for a new pool"
+    ]
+    tpu.patch_job(ns, "vanish", {"spec": {"suspend": True}})
+    wait_until(lambda: not tpu.pods(ns), timeout=30, message="vanish's pods gone")
+
+
 def test_a_pool_scaled_to_zero_pinned_by_name(tpu: Api, ns: str):
     assert not any(pool_of(n) == ZERO.name for n in nodes(tpu).values())
     tpu.apply(job("pinned", ns, {"type": "v5p-16"}, placement={"nodePools": [ZERO.name]}))
@@ -217,7 +256,9 @@ def test_2x4_pools_of_8_chip_and_4_chip_vms(tpu: Api, ns: str):
 
         agent.add_pool(eight)
         # chipsPerHost 4 never gets the 8-chip pool, even while the 4-chip one is busy
-        tpu.apply(job("d", ns, {"type": "v6e-8", "chipsPerHost": 4}))
+        # (ExistingPools, overriding the operator's Auto default: d waits for a pool)
+        existing = {"provisioning": "ExistingPools"}
+        tpu.apply(job("d", ns, {"type": "v6e-8", "chipsPerHost": 4}, placement=existing))
         waiting = wait_until(
             lambda: "8-chip VMs" in (s := tpu.status(ns, "d")).get("message", "") and s,
             timeout=30,

@@ -150,6 +150,27 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         ["spec.ports.metrics", "reserved"],
     ),
     (
+        "TPU_PROCESS_ADDRESSES in the template",
+        edit(
+            "spec.template.spec.containers",
+            container(env=[{"name": "TPU_PROCESS_ADDRESSES", "value": "a:8471"}]),
+        ),
+        ["TPU_PROCESS_ADDRESSES", "set by the operator"],
+    ),
+    (
+        "coordinator port of libtpu",
+        edit("spec.ports", {"coordinator": 8471}),
+        ["spec.ports.coordinator", "libtpu's (8431-8438, 8471, 8476)"],
+    ),
+    (
+        "a template port named metrics on a libtpu port",
+        edit(
+            "spec.template.spec.containers",
+            container(ports=[{"name": "metrics", "containerPort": 8431}]),
+        ),
+        ["containers[].ports", "a port named coordinator or metrics", "8431-8438"],
+    ),
+    (
         "two ports the same",
         edit("spec.ports", {"coordinator": 9431, "metrics": 9431}),
         ["three different ports"],

@@ -147,3 +147,21 @@ def test_init_before_every_worker_ran_is_not_booked_twice():
     assert goodput.badput_seconds["initialization"] == 5.0
     booked = goodput.productive_seconds + sum(goodput.badput_seconds.values())
     assert booked == pytest.approx(goodput.wall_seconds)
+
+
+def test_timestamps_round_trip_at_second_precision_in_utc():
+    """The one timestamp module the account, the progress report and conditions share."""
+    from tpu_operator import timestamps
+    from tpu_operator.progress import report
+    from tpu_operator.reconcile import conditions
+
+    local = dt.datetime(2026, 1, 1, 3, 4, 5, 678000, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    assert timestamps.stamp(local) == "2026-01-01T01:04:05Z"
+    assert timestamps.parse("2026-01-01T01:04:05Z") == dt.datetime(
+        2026, 1, 1, 1, 4, 5, tzinfo=dt.UTC
+    )
+    assert timestamps.parse("2026-01-01T03:04:05+02:00") == timestamps.parse("2026-01-01T01:04:05Z")
+    assert timestamps.parse("") is None and timestamps.parse(None) is None
+    assert timestamps.stamp_epoch(T0.timestamp() + 1.9) == "2026-01-01T00:00:01Z"
+    assert (conditions.stamp, conditions.parse) == (timestamps.stamp, timestamps.parse)
+    assert report.stamp_epoch is timestamps.stamp_epoch

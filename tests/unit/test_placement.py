@@ -8,6 +8,7 @@ import re
 import pytest
 
 from tpu_operator import catalog, contract
+from tpu_operator.api.policy import Placement
 from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
 from tpu_operator.builders.wiring import PodWiring
 from tpu_operator.placement.pools import (
@@ -16,7 +17,10 @@ from tpu_operator.placement.pools import (
     allocate,
     choose_machine,
     pools_from_nodes,
+    provisions,
     resolve_claim,
+    vanished_pools,
+    with_default,
 )
 from tpu_operator.placement.provisioning import (
     SLICE_POOL_LABEL,
@@ -24,6 +28,7 @@ from tpu_operator.placement.provisioning import (
     claim_ref,
     claim_value,
 )
+from tpu_operator.reconcile.pools import requests_for, slice_pool_values
 from tpu_operator.state.views import NodeView, node_view, pod_view
 
 pytestmark = pytest.mark.unit
@@ -218,3 +223,68 @@ def test_node_view_reads_machine_type_and_slice_pool():
         "j-0-abc",
         4,
     )
+
+
+def test_pools_without_nodes_what_each_slice_does():
+    pools = {"live": v6e("live", 2, 4)}
+    refs = ["live", "auto:j-1-abc", "gone-a", "gone-b", "pinned"]
+    pins = ["x", "y", "z", "w", "pinned"]
+
+    def decide(provision, created=(), pinned=pins):
+        gone = vanished_pools(refs, pools, pinned=pinned, provision=provision, created=created)
+        return {g.pool: g.reclaim for g in gone}, {g.pool: g.message for g in gone}
+
+    # pools with nodes and claims are left alone; a pinned pool is never given up
+    reclaim, messages = decide(True)
+    assert reclaim == {"gone-a": True, "gone-b": True, "pinned": False}
+    assert messages["pinned"] == (
+        "slice 4: pinned node pool pinned has no nodes; waiting for the cluster autoscaler to "
+        "add them (if the pool was deleted, re-create it or pin another pool in "
+        "placement.nodePools)"
+    )
+    assert messages["gone-a"] == (
+        "slice 2: node pool gone-a has no nodes; GKE deleted it or scaled it to zero; its pods "
+        "ask GKE for a new pool"
+    )
+    # pods of the attempt already pinned to it by name: only the next attempt moves
+    reclaim, messages = decide(True, created={2})
+    assert reclaim == {"gone-a": False, "gone-b": True, "pinned": False}
+    assert messages["gone-a"].endswith("the slice's next attempt asks GKE for a new pool")
+    # without provisioning nothing is given up, and the message says what would help
+    reclaim, messages = decide(False, pinned=None)
+    assert reclaim == {"gone-a": False, "gone-b": False, "pinned": False}
+    assert "placement.provisioning: Auto lets GKE create a new one" in messages["pinned"]
+
+
+def test_the_operator_default_decides_only_what_the_request_leaves_open():
+    assert provisions(None, "Auto") and provisions("Auto", "ExistingPools")
+    assert not provisions(None, "ExistingPools") and not provisions("ExistingPools", "Auto")
+    open_, yes, no = (Request(V5P_16, provision=p, claim="c") for p in (None, True, False))
+    assert [r.provision for r in with_default([open_, yes, no], "Auto")] == [True, True, False]
+    assert [r.provision for r in with_default([open_, yes, no], "ExistingPools")] == [
+        False,
+        True,
+        False,
+    ]
+    # an unsaid request that gets a claim, through allocate, only under the Auto default
+    assert allocate(with_default([open_], "Auto"), {}, {}).pools == ["auto:c"]
+    assert allocate(with_default([open_], "ExistingPools"), {}, {}).pools is None
+
+
+def test_renewed_claim_values_differ_per_attempt_and_stay_labels():
+    meta = {"name": "x" * 60, "uid": "u-1", "generation": 3}
+    first = slice_pool_values(meta, 2)
+    renewed = [slice_pool_values(meta, 2, renewal=a) for a in (2, 3)]
+    assert len({*first, *renewed[0], *renewed[1]}) == 6
+    for value in [*first, *renewed[0], *renewed[1]]:
+        assert len(value) <= 63 and LABEL_VALUE.match(value)
+
+
+def test_requests_leave_provisioning_open_unless_the_job_says():
+    def provision(placement, claims=("c",)):
+        return requests_for(V5P_16, placement, 1, list(claims) if claims else None)[0].provision
+
+    assert provision(None) is None and provision(Placement()) is None
+    assert provision(Placement(provisioning="Auto")) is True
+    assert provision(Placement(provisioning="ExistingPools")) is False
+    assert provision(Placement(provisioning="Auto"), claims=None) is False

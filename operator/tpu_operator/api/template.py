@@ -110,6 +110,30 @@ def _identity_env() -> str:
     return json.dumps(list(contract.IDENTITY_ENV))
 
 
+_OPERATOR_PORT_NAMES = (contract.PORT_NAME_COORDINATOR, contract.PORT_NAME_METRICS)
+"""Container port names the operator gives its own ports (a template may take them)."""
+
+
+def _operator_port_names() -> str:
+    return json.dumps(list(_OPERATOR_PORT_NAMES))
+
+
+def _libtpu_ports() -> str:
+    return json.dumps(sorted(contract.LIBTPU_PORTS))
+
+
+def ports_words(ports: frozenset[int] = contract.LIBTPU_PORTS) -> str:
+    """``8431-8438, 8471, 8476``: a set of ports in words, runs as ranges."""
+    ordered = sorted(ports)
+    runs: list[list[int]] = []
+    for port in ordered:
+        if runs and port == runs[-1][-1] + 1:
+            runs[-1].append(port)
+        else:
+            runs.append([port])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
 class PodSpecFields(ApiModel):
     model_config = {
         **ApiModel.model_config,
@@ -127,10 +151,19 @@ class PodSpecFields(ApiModel):
                 cel(
                     "self.containers.all(c, !has(c.env) || c.env.all(e, !(e.name in "
                     f"{_identity_env()})))",
-                    "containers[].env: TPU_WORKER_ID, TPU_WORKER_HOSTNAMES, MEGASCALE_SLICE_ID, "
-                    "MEGASCALE_NUM_SLICES and the TPU_OPERATOR_ process, slice and attempt "
-                    "variables differ per pod and are set by the operator; remove them from "
-                    "the template",
+                    f"containers[].env: {', '.join(contract.IDENTITY_ENV)} differ per pod "
+                    "and are set by the operator; remove them from the template",
+                    field_path=".containers",
+                    reason="FieldValueForbidden",
+                ),
+                cel(
+                    "self.containers.all(c, !has(c.ports) || c.ports.all(p, "
+                    f"!has(p.name) || !(p.name in {_operator_port_names()}) || "
+                    f"!has(p.containerPort) || !(p.containerPort in {_libtpu_ports()})))",
+                    f"containers[].ports: a port named {' or '.join(_OPERATOR_PORT_NAMES)} "
+                    f"is the worker's {'/'.join(_OPERATOR_PORT_NAMES)} port and must not be "
+                    f"one libtpu uses ({ports_words()}); pick another, e.g. "
+                    f"{contract.DEFAULT_COORDINATOR_PORT} or {contract.DEFAULT_METRICS_PORT}",
                     field_path=".containers",
                     reason="FieldValueForbidden",
                 ),

@@ -18,16 +18,19 @@ its nodes offer), so a slice is never given a pool whose VMs cannot take its pod
 When no free pool fits and the request may provision (``placement.provisioning: Auto``),
 the slice gets a claim reference instead (``placement/provisioning.py``): its pods ask GKE
 to create a pool for it alone, and the claim is replaced by that pool's name once its
-nodes appear (``resolve_claim``).
+nodes appear (``resolve_claim``). A job that leaves ``provisioning`` unset gets the
+operator's ``--default-provisioning`` (``with_default``). A recorded pool that loses all
+its nodes (GKE deletes the pools it created once they are empty) is given up for a new
+claim before the slice's next pods, or kept with a message saying why (``vanished_pools``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 from tpu_operator.catalog import GENERATIONS, SliceShape
-from tpu_operator.placement.provisioning import claim_ref
+from tpu_operator.placement.provisioning import claim_of, claim_ref
 from tpu_operator.state.views import NodeView
 
 CHIPS_BY_MACHINE_TYPE: dict[str, int] = {
@@ -99,10 +102,25 @@ class Request:
     spot: bool | None = None
     reservation: str | None = None
     pinned: str | None = None
-    provision: bool = False
-    """No free pool fits: ask GKE to create one (a claim) instead of waiting."""
+    provision: bool | None = False
+    """No free pool fits: ask GKE to create one (a claim) instead of waiting (None: the
+    job did not say; the operator's default decides, ``with_default``)."""
     claim: str | None = None
     """The slice-pool label value this slice's pods use when GKE creates its pool."""
+
+
+def provisions(setting: str | None, default: str) -> bool:
+    """Whether a slice may ask GKE for a pool: its ``placement.provisioning``, else the
+    operator's ``--default-provisioning``."""
+    return (setting or default) == "Auto"
+
+
+def with_default(requests: list[Request], default: str) -> list[Request]:
+    """``requests`` with an unsaid ``provision`` decided by the operator's default."""
+    return [
+        r if r.provision is not None else replace(r, provision=provisions(None, default))
+        for r in requests
+    ]
 
 
 @dataclass
@@ -315,3 +333,72 @@ def choose_machine(
             return option, f"{shape_words(option)}: {why}"
     why = f"the cluster has both machine types, neither free now; taking {words(head)}"
     return head, f"{shape_words(head)}: {why}"
+
+
+@dataclass(frozen=True)
+class PoolGone:
+    """A slice's recorded node pool that has no nodes: what to do about it."""
+
+    index: int
+    pool: str
+    reclaim: bool
+    """True: the slice asks GKE for a new pool (a new claim replaces the record);
+    False: it keeps the pool and waits for its nodes."""
+    message: str
+
+
+def vanished_pools(
+    refs: list[str],
+    pools: Mapping[str, PoolView],
+    *,
+    pinned: list[str] | None,
+    provision: bool,
+    created: Collection[int] = (),
+) -> list[PoolGone]:
+    """The recorded pools (``refs``, one per slice) that have no nodes left, and what to
+    do about each. ``created``: the slices whose pods of the current attempt exist already
+    (pinned to the pool by name; a new pool can only be given to the slice's next pods).
+
+    A pool without nodes was deleted (node auto-provisioning deletes the pools it created
+    once their nodes are gone; a user may delete any pool) or scaled to zero by the
+    cluster autoscaler; the Kubernetes API cannot tell which. So:
+
+    - a pool the user pinned (``placement.nodePools``) is kept: the autoscaler scales it
+      up for the pending pods if it still exists; the message says it has no nodes;
+    - a pool the operator chose, when the slice may provision and its pods are not created
+      yet: the slice asks GKE for a new pool of its own (a claim), since a deleted pool
+      never comes back and pods pinned to it by name would wait forever;
+    - otherwise the pool is kept, with a message saying so and what to do.
+
+    Claim references are not pools yet and are left alone.
+    """
+    gone: list[PoolGone] = []
+    for index, ref in enumerate(refs):
+        if not ref or claim_of(ref) is not None or ref in pools:
+            continue
+        if pinned and index < len(pinned) and pinned[index] == ref:
+            why = (
+                "waiting for the cluster autoscaler to add them (if the pool was deleted, "
+                "re-create it or pin another pool in placement.nodePools)"
+            )
+            gone.append(PoolGone(index, ref, False, _gone(index, "pinned node pool", ref, why)))
+        elif provision and index not in created:
+            why = "GKE deleted it or scaled it to zero; its pods ask GKE for a new pool"
+            gone.append(PoolGone(index, ref, True, _gone(index, "node pool", ref, why)))
+        elif provision:
+            why = (
+                "waiting for the cluster autoscaler to add them; the slice's next attempt "
+                "asks GKE for a new pool"
+            )
+            gone.append(PoolGone(index, ref, False, _gone(index, "node pool", ref, why)))
+        else:
+            why = (
+                "waiting for the cluster autoscaler to add them (a deleted pool does not "
+                "come back: placement.provisioning: Auto lets GKE create a new one)"
+            )
+            gone.append(PoolGone(index, ref, False, _gone(index, "node pool", ref, why)))
+    return gone
+
+
+def _gone(index: int, what: str, pool: str, why: str) -> str:
+    return f"slice {index}: {what} {pool} has no nodes; {why}"

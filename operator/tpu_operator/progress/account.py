@@ -26,17 +26,10 @@ from tpu_operator.api.job import TPUJobStatus
 from tpu_operator.api.status import Phase
 from tpu_operator.progress import report
 from tpu_operator.progress.tracker import JobTrack
+from tpu_operator.timestamps import parse, stamp
 
 WAIT_SCHEDULING = "scheduling"
 WAIT_RESTART = "restartDowntime"
-
-
-def _parse(value: str | None) -> dt.datetime | None:
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
-
-
-def _stamp(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -69,7 +62,7 @@ class Account:
         )
 
     def _running_since(self) -> float | None:
-        since = _parse(self.status.running_since)
+        since = parse(self.status.running_since)
         return since.timestamp() if since else None
 
     def waiting(self) -> tuple[float, str] | None:
@@ -86,7 +79,7 @@ class Account:
         """When restart downtime began: the failure, or the end of the previous attempt's
         counted seconds if that is later (no second is booked twice)."""
         status = self.status
-        failed_at = _parse(status.last_failure.time) if status.last_failure else None
+        failed_at = parse(status.last_failure.time) if status.last_failure else None
         if failed_at is None:
             return None
         return max(failed_at.timestamp(), self.carried().get(report.ATTEMPT_END, 0.0))
@@ -108,7 +101,7 @@ class Account:
     def began_running(self, first_attempt: bool) -> None:
         """Every worker of the attempt runs: book the wait that preceded it."""
         status = self.status
-        status.running_since = _stamp(self.now)
+        status.running_since = stamp(self.now)
         carried = self.carried()
         since = self._downtime_since()
         if first_attempt:
@@ -127,7 +120,7 @@ class Account:
                 self._set_goodput(self.carried(), self.waiting())
             return
         carried = report.account_resume(self.carried(), track.resumed_from)
-        published = _parse(status.progress.sampled_time) if status.progress else None
+        published = parse(status.progress.sampled_time) if status.progress else None
         fresh = report.progress(track, total_workers)
         first_step = (
             status.progress is not None and status.progress.step is None and fresh.step is not None

@@ -15,11 +15,10 @@ distributed runtime shut down, the process exited) and other (the rest).
 
 from __future__ import annotations
 
-import datetime as dt
-
 from tpu_operator.api.monitoring import Goodput, Progress, SlowestWorker
 from tpu_operator.progress.samples import WorkerSample
 from tpu_operator.progress.tracker import JobTrack
+from tpu_operator.timestamps import stamp_epoch
 
 # Worker phase label -> badput category (camelCase, as in status).
 PHASES = {
@@ -32,10 +31,6 @@ PHASES = {
 SHUTDOWN = "shutdown"
 ATTEMPT_END = "attemptEnd"
 CARRIED = ("step", *PHASES.values(), "lostProgress", "scheduling", "restartDowntime", SHUTDOWN)
-
-
-def _stamp(seconds: float) -> str:
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
@@ -86,8 +81,8 @@ def progress(track: JobTrack, total_workers: int) -> Progress:
         tokens_per_second=_round(sum(rates["tokens"]) * scale if known else None, 1),
         mfu=_round(flops / peak if peak and rates["flops"] else None, 4),
         loss=_round(latest.loss if latest else None, 6),
-        last_progress_time=_stamp(track.advanced_at) if track.advanced_at else None,
-        sampled_time=_stamp(latest.at) if latest else None,
+        last_progress_time=stamp_epoch(track.advanced_at) if track.advanced_at else None,
+        sampled_time=stamp_epoch(latest.at) if latest else None,
         workers_reporting=f"{track.answered}/{track.asked}" if track.asked else None,
         slowest_workers=slowest,
     )

@@ -5,20 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-
-def now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-def stamp(moment: dt.datetime) -> str:
-    """RFC 3339 with second precision, as Kubernetes writes timestamps."""
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse(value: str | None) -> dt.datetime | None:
-    if not value:
-        return None
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+from tpu_operator.timestamps import now as now
+from tpu_operator.timestamps import parse as parse
+from tpu_operator.timestamps import stamp as stamp
 
 
 def set_condition(

@@ -35,14 +35,18 @@ from tpu_operator.api.status import TERMINAL_PHASES, Phase
 from tpu_operator.catalog import SliceShape
 from tpu_operator.placement.pools import (
     Allocation,
+    PoolGone,
     PoolView,
     Request,
     allocate,
     choose_machine,
     pools_from_nodes,
+    provisions,
     resolve_claim,
+    vanished_pools,
+    with_default,
 )
-from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_of, claim_value
+from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_of, claim_ref, claim_value
 from tpu_operator.reconcile.context import Context
 from tpu_operator.runtime.caches import slice_job_name
 from tpu_operator.state.views import PodView
@@ -139,26 +143,32 @@ def requests_for(
     """What each of ``count`` slices of ``shape`` needs from a pool; ``claims`` are the
     slice-pool label values the slices use if GKE is to create their pools."""
     pins = placement.node_pools if placement and placement.node_pools else None
-    provision = placement is not None and placement.provisioning == "Auto"
+    setting = placement.provisioning if placement else None
+    provision = None if setting is None else setting == "Auto"
     return [
         Request(
             shape,
             spot=placement.spot if placement else None,
             reservation=placement.reservation if placement else None,
             pinned=pins[i] if pins else None,
-            provision=provision and claims is not None,
+            provision=provision if claims is not None else False,
             claim=claims[i] if claims else None,
         )
         for i in range(count)
     ]
 
 
-def slice_pool_values(meta: dict[str, Any], slices: int | None) -> list[str]:
+def slice_pool_values(
+    meta: dict[str, Any], slices: int | None, renewal: int | None = None
+) -> list[str]:
     """Slice-pool label values for one allocation of a job's ``slices`` (None: of a
     standalone slice): new with every generation, so that a resumed object never selects
-    a pool GKE created for an earlier placement of it."""
+    a pool GKE created for an earlier placement of it, and new with every ``renewal`` (the
+    attempt that asks again for a pool that vanished)."""
     name, generation = meta["name"], meta.get("generation", 0)
     salt = f"{meta.get('uid', '')}/{generation}"
+    if renewal is not None:
+        salt += f"/{renewal}"
     if slices is None:
         return [claim_value(name, salt)]
     return [claim_value(name, salt, index) for index in range(slices)]
@@ -167,6 +177,7 @@ def slice_pool_values(meta: dict[str, Any], slices: int | None) -> list[str]:
 def choose_pools(ctx: Context, holder: str, requests: list[Request]) -> Allocation:
     """Free pools for ``requests`` (all or none), reserved for ``holder`` when found."""
     pools = tpu_pools(ctx)
+    requests = with_default(requests, ctx.default_provisioning)
     allocation = allocate(requests, pools, held_pools(ctx, exclude=holder, pools=pools))
     if allocation.pools is not None:
         ctx.reservations.reserve(holder, allocation.pools)
@@ -250,3 +261,35 @@ def machine_for(
         spot=placement.spot if placement else None,
         reservation=placement.reservation if placement else None,
     )
+
+
+def renew_vanished_pools(
+    ctx: Context,
+    meta: dict[str, Any],
+    refs: list[str],
+    placement: Placement | None,
+    created: Iterable[int],
+    attempt: int,
+) -> tuple[list[str], list[PoolGone]]:
+    """Look at a job's recorded pools (``refs``): a pool with no nodes that the slice
+    should not wait for is replaced by a new claim (its value new for ``attempt``; only
+    for slices not in ``created``, those without pods of ``attempt`` yet). Returns the new
+    list and every pool without nodes, with what was done and why (``PoolGone.message``,
+    for status and events)."""
+    gone = vanished_pools(
+        refs,
+        tpu_pools(ctx),
+        pinned=placement.node_pools if placement else None,
+        provision=provisions(
+            placement.provisioning if placement else None, ctx.default_provisioning
+        ),
+        created=frozenset(created),
+    )
+    if not any(g.reclaim for g in gone):
+        return refs, gone
+    values = slice_pool_values(meta, len(refs), renewal=attempt)
+    out = list(refs)
+    for g in gone:
+        if g.reclaim:
+            out[g.index] = claim_ref(values[g.index])
+    return out, gone
