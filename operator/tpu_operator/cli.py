@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from tpu_operator import __version__
+from tpu_operator.api.policy import Provisioning
 
 if TYPE_CHECKING:
     from tpu_operator.runtime.leader import LeaseSettings
@@ -104,6 +106,26 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="admit TPUJobs labelled kueue.x-k8s.io/queue-name through Kueue (docs/kueue.md)",
     )
+    run.add_argument(
+        "--default-provisioning",
+        choices=list(get_args(Provisioning)),
+        default="ExistingPools",
+        help="spec.placement.provisioning of the TPUJobs and TPUSlices that leave it unset: "
+        "ExistingPools (wait for a free node pool) or Auto (let GKE create one: node "
+        "auto-provisioning, Autopilot); docs/api.md",
+    )
+    run.add_argument(
+        "--control-key-file",
+        default=os.environ.get("TPU_OPERATOR_CONTROL_KEY_FILE"),
+        help="master key of the control channel to the workers' supervisors (in-place "
+        "restarts; all replicas must share it); default: a random key per process",
+    )
+    run.add_argument(
+        "--in-place-restarts",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="restart gangs in place where the workers run the supervisor",
+    )
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
@@ -194,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
             leader_election=leader_election,
             bind_address=args.bind_address,
             kueue=args.kueue,
+            default_provisioning=args.default_provisioning,
+            in_place_restarts=args.in_place_restarts,
+            control_key_file=args.control_key_file,
         )
     )
 

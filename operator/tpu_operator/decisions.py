@@ -1,15 +1,21 @@
 """Failure-policy decisions (pure): restart (counted or not) or fail, the restart
-backoff, and the restart bookkeeping that TPUJobs and standalone TPUSlices share."""
+backoff, the restart bookkeeping that TPUJobs and standalone TPUSlices share, and how a
+TPUJob's gang restarts (in place or by recreating its pods)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from tpu_operator import contract
 from tpu_operator.api.policy import FailurePolicy
-from tpu_operator.api.status import Reason
+from tpu_operator.api.status import Reason, RestartKind
 from tpu_operator.state.gang import WorkerFailure
+from tpu_operator.state.views import PodView
+
+IN_PLACE_FAILURES = frozenset({Reason.SUPERVISOR_UNREACHABLE, Reason.IN_PLACE_TIMEOUT})
+"""Failures of an in-place restart itself: the next attempt recreates the pods."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,8 @@ def decide(
     counted = True
     if failure.disruption:
         counted = policy.count_disruptions
+    elif failure.reason in IN_PLACE_FAILURES:
+        counted = False  # the restart that failed was counted; its fallback is not
     elif failure.reason == Reason.STALLED:
         counted = count_stalls
     elif failure.exit_code is not None:
@@ -98,3 +106,46 @@ def book_restart(counters: RestartCounters, decision: Decision, policy: FailureP
     reason = str(decision.reason)
     counters.restarts_by_reason[reason] = counters.restarts_by_reason.get(reason, 0) + 1
     return backoff_seconds(policy, counters.restarts)
+
+
+def restart_kind(
+    *,
+    supervised: bool,
+    mode: str,
+    failure: WorkerFailure,
+    pods: Sequence[PodView],
+    workers: int,
+    not_ready_nodes: frozenset[str] = frozenset(),
+) -> tuple[RestartKind, str]:
+    """How to restart after ``failure`` ended the attempt whose pods are ``pods``, and why.
+
+    In place only when nothing but training processes failed: every pod of the attempt
+    exists, runs the supervisor, is Running (its container alive) on a ready node, and is
+    neither being deleted nor disrupted. Anything else, and every failure of an in-place
+    restart itself, recreates the pods.
+    """
+    if not supervised:
+        if mode == "Recreate":
+            return RestartKind.RECREATE, "failurePolicy.restartMode is Recreate"
+        return RestartKind.RECREATE, "the worker container does not run tpu-worker"
+    if failure.reason in IN_PLACE_FAILURES:
+        return RestartKind.RECREATE, f"the in-place restart failed ({failure.reason})"
+    if failure.reason not in (Reason.WORKER_FAILED, Reason.STALLED):
+        return RestartKind.RECREATE, f"a pod or its node is gone ({failure.reason})"
+    if len(pods) != workers:
+        return RestartKind.RECREATE, f"{len(pods)} of {workers} pods of the attempt exist"
+    for pod in sorted(pods, key=lambda p: p.name):
+        why = ""
+        if not pod.supervised:
+            why = "does not run the supervisor"
+        elif pod.deleting:
+            why = "is being deleted"
+        elif pod.disruption is not None:
+            why = f"is disrupted ({pod.disruption})"
+        elif pod.phase != "Running" or pod.worker_exit is not None:
+            why = "has no running worker container"
+        elif pod.node is not None and pod.node in not_ready_nodes:
+            why = f"is on node {pod.node}, which is not ready"
+        if why:
+            return RestartKind.RECREATE, f"pod {pod.name} {why}"
+    return RestartKind.IN_PLACE, "only training processes stopped; every pod is alive"

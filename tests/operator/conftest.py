@@ -19,9 +19,18 @@ def crds(cluster) -> None:
 def operator(cluster, crds, tmp_path_factory) -> Iterator[OperatorProcess]:
     """One operator process for this package's tests; stopped before other packages (the
     end-to-end tests run the operator from the Helm chart and must not meet a second one)."""
-    log_path = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
-    # Progress every 2 s instead of 30 s, so that the progress tests need not wait.
-    process = OperatorProcess(cluster.kubeconfig, log_path, ["--progress-publish-seconds=2"])
+    directory = Path(tmp_path_factory.mktemp("operator"))
+    log_path = directory / "operator.log"
+    key = directory / "control.key"
+    key.write_bytes(b"tests-control-master-key-0123456789")
+    # Progress every 2 s instead of 30 s, so that the progress tests need not wait; a key
+    # file, as the chart mounts one, so that a restarted operator can still command the
+    # supervisors of running jobs.
+    process = OperatorProcess(
+        cluster.kubeconfig,
+        log_path,
+        ["--progress-publish-seconds=2", "--in-place-restarts", f"--control-key-file={key}"],
+    )
     process.start()
     yield process
     process.stop()

@@ -30,6 +30,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- default (include "tpu-operator.fullname" .) .Values.leaderElection.leaseName -}}
 {{- end -}}
 
+{{- define "tpu-operator.controlKeySecret" -}}
+{{- default (printf "%s-control-key" (include "tpu-operator.fullname" .)) .Values.inPlaceRestarts.existingSecret -}}
+{{- end -}}
+
 {{- define "tpu-operator.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
@@ -47,10 +51,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
   verbs: [get, patch]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create, delete, deletecollection]
+  verbs: [get, list, watch, create, patch, delete, deletecollection]
 - apiGroups: [""]
   resources: [services]
   verbs: [create]
+{{- if .Values.inPlaceRestarts.enabled }}
+# In-place restarts: one Secret per TPUJob with its control-channel key, created and
+# never read back (the key is derived from the operator's master key and the job's UID).
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create]
+{{- end }}
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]

@@ -21,7 +21,7 @@ from tpu_operator.api.shape import (
     shape_rules,
     valid_shape_expr,
 )
-from tpu_operator.api.status import Phase, ResolvedShape
+from tpu_operator.api.status import Phase, ResolvedShape, RestartKind
 from tpu_operator.api.template import PodTemplate
 
 
@@ -121,6 +121,18 @@ class TPUJobStatus(ApiModel):
     counted_restarts: int = 0
     """Restarts counted against failurePolicy.maxRestarts."""
     restarts_by_reason: dict[str, int] = Field(default_factory=dict)
+    restart_kind: RestartKind | None = None
+    """How the current attempt came up after the last gang restart: InPlace (the
+    supervisors restarted the training processes in the same pods) or Recreate."""
+    in_place_restarts: int = 0
+    """Gang restarts done in place (of restarts)."""
+    in_place_since: str | None = None
+    """When the running in-place restart began (failurePolicy.inPlaceTimeoutSeconds)."""
+    checkpoint_requests: int = 0
+    """How often the workers were asked to checkpoint ahead of a node disruption."""
+    disruption_notices: list[str] = Field(default_factory=list, max_length=64)
+    """The node disruption notices (maintenance, termination) the workers were asked to
+    checkpoint for, newest last (each notice once)."""
     ready: str = ""
     """Ready workers of the current attempt, as ready/total."""
     slices_ready: str = ""

@@ -8,8 +8,10 @@ from pydantic import Field
 
 from tpu_operator import contract
 from tpu_operator.api.common import ApiModel, cel, rules
+from tpu_operator.api.template import ports_words
 
 ExitCodeAction = Literal["FailJob", "Restart", "RestartNotCounted"]
+RestartMode = Literal["Auto", "InPlace", "Recreate"]
 
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 """A Kubernetes label value (at most 63 characters): node pool, reservation and node
@@ -54,6 +56,16 @@ class FailurePolicy(ApiModel):
     node_not_ready_timeout_seconds: int = Field(default=60, ge=0, le=3600)
     """How long a worker may sit on a NotReady or unreachable node before it is evicted
     and the gang restarts (the pods' NoExecute tolerationSeconds)."""
+    restart_mode: RestartMode = "Auto"
+    """How the gang restarts (TPUJobs). Auto: in place when the worker container's
+    command is tpu-worker (its supervisor restarts the training process in the pods the
+    job already has) and every pod of the attempt is alive on a ready node; otherwise, and
+    after a pod or node is lost, by recreating the pods. InPlace: as Auto, for images
+    whose entrypoint runs tpu-worker (command not set in the template). Recreate: always
+    delete and recreate every pod."""
+    in_place_timeout_seconds: int = Field(default=300, ge=10, le=86400)
+    """An in-place restart whose workers are not all running after this long ends the
+    attempt (reason InPlaceRestartTimeout); the next attempt recreates the pods."""
 
 
 SuccessPolicy = Literal["AllWorkers", "LeaderWorker"]
@@ -83,12 +95,14 @@ class Placement(ApiModel):
     """Only nodes of this reservation (cloud.google.com/reservation-name)."""
     node_selector: dict[str, LabelValue] | None = Field(default=None, max_length=64)
     """Extra node labels the slice's nodes must carry."""
-    provisioning: Provisioning = "ExistingPools"
+    provisioning: Provisioning | None = None
     """ExistingPools: a multi-host slice waits for a free node pool of its shape.
     Auto: when none is free, its pods ask GKE to create one for this slice alone (node
     auto-provisioning on Standard clusters, Autopilot): they select the node label
     tpu-operator.dev/slice-pool=<unique value> and tolerate its NoSchedule taint (GKE
-    workload separation), and the pool is recorded once its nodes appear."""
+    workload separation), and the pool is recorded once its nodes appear; a pool GKE
+    removed while the slice still needs it is asked for again. Unset: the operator's
+    --default-provisioning (ExistingPools unless the operator was installed otherwise)."""
 
 
 class PortsSpec(ApiModel):
@@ -99,9 +113,22 @@ class PortsSpec(ApiModel):
         "json_schema_extra": rules(
             cel(
                 f"!(self.metrics in {sorted(contract.RESERVED_PORTS)})",
-                "metrics: this port is reserved for libtpu, JAX or Megascale (8431-8438, 8471, "
-                "8476, 8080, 8482, 2112); pick another, e.g. 9431",
+                "metrics: this port is reserved for libtpu, JAX, Megascale or GKE's TPU "
+                f"device plugin ({ports_words(contract.RESERVED_PORTS)}); pick another, "
+                f"e.g. {contract.DEFAULT_METRICS_PORT}",
                 field_path=".metrics",
+            ),
+            *(
+                cel(
+                    f"!(self.{field} in {sorted(contract.LIBTPU_PORTS)})",
+                    f"{field}: this port is libtpu's ({ports_words()}); pick another, e.g. "
+                    f"{default}",
+                    field_path=f".{field}",
+                )
+                for field, default in (
+                    ("coordinator", contract.DEFAULT_COORDINATOR_PORT),
+                    ("megascale", contract.DEFAULT_MEGASCALE_PORT),
+                )
             ),
             cel(
                 "self.metrics != self.coordinator && self.metrics != self.megascale && "

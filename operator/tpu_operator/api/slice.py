@@ -58,6 +58,12 @@ class TPUSliceSpec(ShapeFields):
     """Set by the owning TPUJob: the attempt whose pods this slice runs."""
     not_before: str | None = None
     """Set by the owning TPUJob: create no pods before this time (restart backoff)."""
+    in_place_from: int | None = Field(default=None, ge=0, le=MAX_ATTEMPT)
+    """Set by the owning TPUJob during an in-place restart: the attempt whose pods the job
+    carries into ``attempt`` (the slice neither deletes them nor creates others)."""
+    control_key_secret: str | None = Field(default=None, max_length=253)
+    """Set by the owning TPUJob when its restarts may run in place: the Secret with the
+    control-channel key, mounted into the supervised worker containers."""
 
 
 class TPUSliceStatus(ApiModel):

@@ -74,6 +74,12 @@ class Reason(StrEnum):
     """A running worker pod was deleted or vanished."""
     STALLED = "Stalled"
     """No training step for longer than monitoring.stallTimeout."""
+    SUPERVISOR_UNREACHABLE = "SupervisorUnreachable"
+    """The supervisor of a running worker did not answer on its control channel (the
+    next attempt recreates the pods)."""
+    IN_PLACE_TIMEOUT = "InPlaceRestartTimeout"
+    """An in-place restart did not reach Running within
+    failurePolicy.inPlaceTimeoutSeconds (the next attempt recreates the pods)."""
     # Why a job or slice failed for good (the Failed condition's reason).
     MAX_RESTARTS_EXCEEDED = "MaxRestartsExceeded"
     FATAL_EXIT_CODE = "FatalExitCode"
@@ -88,6 +94,7 @@ class Reason(StrEnum):
     ACTIVE = "Active"
     NODE_POOLS_ASSIGNED = "NodePoolsAssigned"
     WAITING_FOR_NODE_POOLS = "WaitingForNodePools"
+    NODE_POOL_GONE = "NodePoolGone"
     UNSCHEDULABLE = "Unschedulable"
     SCHEDULED = "Scheduled"
     RESTARTING = "Restarting"
@@ -115,6 +122,13 @@ class Reason(StrEnum):
     WORKLOAD_EVICTED = "WorkloadEvicted"
     """Kueue evicted the job's Workload (preemption, ...): its pods are stopped."""
     WORKLOAD_CREATED = "WorkloadCreated"
+    # In-place restarts (docs/api.md, "Restarts").
+    CHECKPOINT_REQUESTED = "CheckpointRequested"
+    """GKE announced maintenance or termination of a node of a running job: its workers
+    were asked to checkpoint now (once per notice)."""
+    IN_PLACE_FALLBACK = "InPlaceFallback"
+    """An in-place restart could not stop every training process: the pods are recreated
+    instead."""
 
 
 FAILURE_REASONS: tuple[Reason, ...] = (
@@ -123,11 +137,23 @@ FAILURE_REASONS: tuple[Reason, ...] = (
     Reason.NODE_LOST,
     Reason.POD_DELETED,
     Reason.STALLED,
+    Reason.SUPERVISOR_UNREACHABLE,
+    Reason.IN_PLACE_TIMEOUT,
 )
 """The values of ``Failure.reason`` for what ended an attempt (restartsByReason keys)."""
 
 DISRUPTION_REASONS: frozenset[Reason] = frozenset({Reason.EVICTED, Reason.NODE_LOST})
 """Failures caused by the platform, not the workload (not counted by default)."""
+
+
+class RestartKind(StrEnum):
+    """How a gang restart brings up the next attempt."""
+
+    IN_PLACE = "InPlace"
+    """The pods stay: each worker's supervisor stops its training process and, once every
+    process of the job has stopped, starts the next attempt's."""
+    RECREATE = "Recreate"
+    """Every pod is deleted and, once all are gone, created again."""
 
 
 class ResolvedShape(ApiModel):

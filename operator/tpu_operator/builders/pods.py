@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_operator import contract
+from tpu_operator.builders.supervision import Supervision, key_volume, supervise_container
 from tpu_operator.builders.wiring import PodWiring, contract_env, with_template_env
 from tpu_operator.placement.provisioning import SLICE_POOL_LABEL
 
@@ -201,8 +202,10 @@ def worker_pod(
     owner: Owner,
     placement: NodePlacement,
     extra_labels: dict[str, str] | None = None,
+    supervision: Supervision | None = None,
 ) -> dict[str, Any]:
-    """The full Pod object for one worker of one attempt."""
+    """The full Pod object for one worker of one attempt (``supervision``: its worker
+    container runs the supervisor, builders/supervision.py)."""
     template_meta = template.get("metadata") or {}
     spec = copy.deepcopy(template.get("spec") or {})
     labels = dict(template_meta.get("labels") or {})
@@ -236,6 +239,17 @@ def worker_pod(
         _worker_container(c, wiring) if c.get("name") == contract.WORKER_CONTAINER else c
         for c in spec.get("containers") or []
     ]
+    if supervision is not None:
+        spec["containers"] = [
+            supervise_container(c, supervision) if c.get("name") == contract.WORKER_CONTAINER else c
+            for c in spec["containers"]
+        ]
+        volumes = [v for v in spec.get("volumes") or [] if v.get("name") != contract.CONTROL_VOLUME]
+        spec["volumes"] = [*volumes, key_volume(supervision)]
+        metadata["annotations"] = {
+            **(metadata.get("annotations") or {}),
+            contract.ANNOTATION_SUPERVISED: "true",
+        }
     if spec.get("hostNetwork"):
         spec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

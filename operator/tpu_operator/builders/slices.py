@@ -20,6 +20,8 @@ def job_slice(
     not_before: str | None,
     suspend: bool,
     extra_labels: dict[str, str] | None = None,
+    in_place_from: int | None = None,
+    control_key_secret: str | None = None,
 ) -> dict[str, Any]:
     """TPUSlice ``index`` of a job, as the job wants it for ``attempt``.
 
@@ -51,6 +53,10 @@ def job_slice(
         spec["nodePool"] = node_pool
     if not_before:
         spec["notBefore"] = not_before
+    if in_place_from is not None:
+        spec["inPlaceFrom"] = in_place_from
+    if control_key_secret:
+        spec["controlKeySecret"] = control_key_secret
     labels = dict(extra_labels or {})
     labels.update(
         {
@@ -75,10 +81,10 @@ def job_slice(
 def slice_patch(desired: dict[str, Any], current: dict[str, Any]) -> dict[str, Any] | None:
     """Merge patch bringing an existing slice's job-managed fields to ``desired``.
 
-    Only the fields the job manages at run time (attempt, backoff, suspension, node pool)
-    are compared; the shape and template of a running slice are not rewritten.
+    Only the fields the job manages at run time (attempt, backoff, suspension, node pool,
+    in-place restart) are compared; the shape and template of a running slice are not rewritten.
     """
-    fields = ("attempt", "notBefore", "suspend", "nodePool")
+    fields = ("attempt", "notBefore", "suspend", "nodePool", "inPlaceFrom", "controlKeySecret")
     want = desired["spec"]
     have = current.get("spec") or {}
     changes = {k: want.get(k) for k in fields if want.get(k) != have.get(k)}

@@ -15,6 +15,7 @@ from tpu_operator.reconcile.conditions import now as utc_now
 from tpu_operator.reconcile.conditions import set_condition, stamp
 from tpu_operator.reconcile.expectations import CreatedPods, DeletedPods
 from tpu_operator.reconcile.pacing import StatusPacer
+from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.runtime.events import ObjectRef
 from tpu_operator.runtime.kube import ApiError, Kube, namespaced
@@ -94,6 +95,13 @@ class Context:
     pacer: StatusPacer = field(default_factory=StatusPacer)
     created_pods: CreatedPods = field(default_factory=CreatedPods)
     deleted_pods: DeletedPods = field(default_factory=DeletedPods)
+    supervisors: Supervisors | None = None
+    """The control channel to the workers' supervisors (None: every restart recreates
+    the pods)."""
+    control_keys: set[str] = field(default_factory=set)
+    """UIDs of the jobs whose control-key Secret is known to exist."""
+    default_provisioning: str = "ExistingPools"
+    """placement.provisioning of the objects that leave it unset (--default-provisioning)."""
 
     async def ensure_service(self, namespace: str, body: dict[str, Any]) -> None:
         """Create the headless Service ``body`` unless it exists. One that exists but is

@@ -17,6 +17,7 @@ The job owns the attempt number. One reconcile runs in three steps (docs/design.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 from collections.abc import Callable
 from enum import Enum, auto
@@ -35,14 +36,16 @@ from tpu_operator.api.status import (
     Phase,
     Reason,
     ResolvedShape,
+    RestartKind,
 )
 from tpu_operator.builders.pods import Owner
 from tpu_operator.builders.service import headless_service
 from tpu_operator.builders.slices import job_slice, slice_patch
+from tpu_operator.builders.supervision import key_secret, key_secret_name, runs_supervisor
 from tpu_operator.builders.wiring import Ports
 from tpu_operator.builders.workload import apply_assignment, queue_name
 from tpu_operator.catalog import CatalogError, SliceShape, chips_per_host_choices
-from tpu_operator.decisions import book_restart, decide
+from tpu_operator.decisions import book_restart, decide, restart_kind
 from tpu_operator.placement.pools import shape_words
 from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_of, is_claim
 from tpu_operator.progress.account import Account
@@ -60,6 +63,7 @@ from tpu_operator.reconcile.pools import (
     choose_pools,
     job_holder,
     machine_for,
+    renew_vanished_pools,
     requests_for,
     resolve_claims,
     slice_pool_values,
@@ -67,12 +71,29 @@ from tpu_operator.reconcile.pools import (
 )
 from tpu_operator.reconcile.queueing import Queueing
 from tpu_operator.runtime.kube import ApiError, namespaced
-from tpu_operator.state.gang import GangState, Outcome, WorkerFailure, assess, members_of
+from tpu_operator.state.gang import (
+    FOLLOW_ON_EXIT_CODES,
+    GangState,
+    Outcome,
+    ProcessReport,
+    WorkerFailure,
+    assess,
+    members_of,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PUBLISH_SECONDS = 30.0
 """Progress publish interval when no sampler is configured (unit tests)."""
+DEFAULT_GRACE_SECONDS = 30.0
+"""A pod's terminationGracePeriodSeconds when the template does not set it: how long a
+supervisor lets a training process checkpoint after SIGTERM in an in-place restart."""
+CAUSE_SETTLE_SECONDS = 3.0
+"""How long an echo failure (exit 75/134: a peer died) waits for the peer's own report."""
+MAX_NOTICES = 32
+"""Disruption notices remembered in status (each asks for one checkpoint)."""
+IN_PLACE_RECHECK_SECONDS = 1.0
+"""Safety net while an in-place restart runs (pod events wake the job too)."""
 
 
 class Act(Enum):
@@ -139,6 +160,8 @@ class JobRun:
         """Why this machine type, when the operator chose it (a shape that fits two)."""
         self.provisioning: list[str] = []
         """Slices whose pools GKE is still to create, and why they are not there yet."""
+        self.pools_gone: list[str] = []
+        """Recorded pools with no nodes left, and what the slice does about it."""
         fields = self.raw_spec.get("slice") or {}
         choices = chips_per_host_choices(shape.generation, shape.topology)
         if "chipsPerHost" not in fields and len(choices) > 1:
@@ -179,6 +202,15 @@ class JobRun:
             else None
         )
         """Kueue's side of a job labelled kueue.x-k8s.io/queue-name (reconcile/queueing.py)."""
+        template = self.raw_spec.get("template") or {}
+        self.supervised = ctx.supervisors is not None and runs_supervisor(
+            template, self.policy.restart_mode
+        )
+        """Restarts may run in place: the workers run the supervisor (failurePolicy)."""
+        self.reports: dict[str, ProcessReport] = {}
+        """Supervisors' reports on stopped training processes, by pod name."""
+        self.checkpoint_for: list[str] = []
+        """New disruption notices: the workers are asked to checkpoint (after commit)."""
         self.account = Account(
             self.status,
             created=self.created,
@@ -234,6 +266,7 @@ class JobRun:
 
     # the reconcile: decide, commit, act
     async def reconcile(self) -> float | None:
+        await self._observe_supervisors()
         self.decide()
         if not await self._commit():
             if self.act is Act.RUN and self.status.phase == Phase.PENDING:
@@ -250,6 +283,18 @@ class JobRun:
         if self.queueing is not None:
             await self.queueing.act(stamp(self.now))
         return self.requeue
+
+    async def _observe_supervisors(self) -> None:
+        """Ask the supervisors of pods whose training process stopped what happened (the
+        only I/O before deciding; answers are remembered per readiness transition)."""
+        supervisors = self.ctx.supervisors
+        if supervisors is None or self.status.phase in TERMINAL_PHASES:
+            return
+        if not any(p.process_stopped for p in self.pods):
+            return
+        self.reports, retry = await supervisors.observe(self.body["metadata"]["uid"], self.pods)
+        if retry is not None:
+            self._after(retry)
 
     def decide(self) -> None:
         """Work out the new status, events and the act to follow (no I/O)."""
@@ -277,6 +322,7 @@ class JobRun:
             self.act = Act.RUN
             self._resolve_claims()
             self._assess(attempt)
+            self._renew_vanished_pools()  # a restart decided now: new pools before its pods
         if self.queueing is not None:
             report = self.queueing.report
             report.suspended = self.spec.suspend and status.phase not in TERMINAL_PHASES
@@ -317,6 +363,21 @@ class JobRun:
     async def _act(self) -> None:
         if self.act is Act.RUN:
             await self._run_children(self.status.attempt)
+            if self._restarting_in_place():
+                await self._restart_in_place(self.status.attempt)
+            if self.checkpoint_for and self.ctx.supervisors is not None:
+                asked = await self.ctx.supervisors.checkpoint(
+                    job_uid=self.body["metadata"]["uid"],
+                    pods=self.pods,
+                    attempt=self.status.attempt,
+                    request_id=hashlib.sha256(self.checkpoint_for[-1].encode()).hexdigest()[:16],
+                )
+                log.info(
+                    "%s: asked %d workers to checkpoint (%s)",
+                    self.holder,
+                    asked,
+                    "; ".join(self.checkpoint_for),
+                )
         elif self.act is Act.STOP:
             await self._stop_children()
         elif self.act is Act.DELETE:
@@ -522,8 +583,32 @@ class JobRun:
                     f"{SLICE_POOL_LABEL}={value})",
                 )
 
+    def _renew_vanished_pools(self) -> None:
+        """A recorded pool with no nodes left: ask GKE for a new one, or say it has none."""
+        attempt = self.status.attempt
+        created = [
+            i
+            for i, s in self.slices.items()
+            if int((s.get("status") or {}).get("createdAttempt", 0)) >= attempt
+        ]
+        refs, gone = renew_vanished_pools(
+            self.ctx,
+            self.body["metadata"],
+            self.status.node_pools or [],
+            self.spec.placement,
+            created,
+            attempt,
+        )
+        self.pools_gone = [g.message for g in gone]
+        if any(g.reclaim for g in gone):
+            self.status.node_pools = refs
+            for g in gone:
+                if g.reclaim:
+                    self._event("Warning", Reason.NODE_POOL_GONE, g.message)
+
     def _resolve_claims(self) -> None:
         """Record the pools GKE created for the slices' claims, once their nodes are there."""
+        self._renew_vanished_pools()
         pools = self.status.node_pools or []
         if not any(is_claim(p) for p in pools):
             return
@@ -582,6 +667,7 @@ class JobRun:
             tombstones=tombstones,
             not_ready_nodes=self.ctx.caches.not_ready_nodes(p.node for p in self.pods),
             success_policy=self.spec.success_policy,
+            reports=self.reports,
         )
         self._summaries(state)
         self._pods_allowed(attempt, state)
@@ -609,6 +695,12 @@ class JobRun:
             stall = self._stall()
             if stall is not None and self.monitoring.stall_action == "Restart":
                 outcome, failure = "Failed", stall
+        if outcome != "Failed":
+            in_place = self._in_place_failure(attempt, outcome)
+            if in_place is not None:
+                outcome, failure, draining = "Failed", in_place, False
+        elif failure is not None and not draining and self._settling(failure):
+            outcome = "Running" if status.running_since else "Starting"
         # While the previous attempt's pods drain, what happens to this attempt's pods
         # (none exist yet) cannot be a failure of it.
         if outcome == "Failed" and failure is not None and not draining:
@@ -695,6 +787,54 @@ class JobRun:
             return False
         return True
 
+    def _settling(self, failure: WorkerFailure) -> bool:
+        """A worker that ended because a peer died (exit 75 or 134) was noticed first:
+        give the peer's own failure a moment to be reported (a supervised pod's exit shows
+        through a readiness probe, up to a period later), so the recorded cause is the
+        first failure, not its echo."""
+        if failure.exit_code not in FOLLOW_ON_EXIT_CODES or self.total_workers < 2:
+            return False
+        if not any(p.name == failure.pod and p.process_stopped for p in self.pods):
+            return False  # a container's exit: the kubelet reports every one at once
+        at = parse(failure.time)
+        if at is None:
+            return False
+        wait = (at + dt.timedelta(seconds=CAUSE_SETTLE_SECONDS) - self.now).total_seconds()
+        if wait <= 0:
+            return False
+        self._after(wait)
+        return True
+
+    def _in_place_failure(self, attempt: int, outcome: Outcome) -> WorkerFailure | None:
+        """An in-place restart into ``attempt`` that cannot stop every process of the
+        previous one, or that is not running within inPlaceTimeoutSeconds."""
+        status = self.status
+        if status.restart_kind != RestartKind.IN_PLACE or self.status.running_since:
+            return None
+        supervisors = self.ctx.supervisors
+        fallback = (
+            supervisors.fallback(self.body["metadata"]["uid"], attempt) if supervisors else None
+        )
+        if fallback is not None:
+            return WorkerFailure(Reason.SUPERVISOR_UNREACHABLE, fallback, "", None, None, None)
+        since = parse(status.in_place_since)
+        if since is None or outcome == "Running":
+            return None
+        bound = dt.timedelta(seconds=self.policy.in_place_timeout_seconds)
+        if self.now < since + bound:
+            self._after((since + bound - self.now).total_seconds())
+            return None
+        return WorkerFailure(
+            Reason.IN_PLACE_TIMEOUT,
+            f"the in-place restart into attempt {attempt} did not have every worker "
+            f"running within failurePolicy.inPlaceTimeoutSeconds "
+            f"({self.policy.in_place_timeout_seconds})",
+            "",
+            None,
+            None,
+            None,
+        )
+
     def _on_failure(self, failure: WorkerFailure, attempt: int) -> None:
         status = self.status
         decision = decide(
@@ -726,8 +866,23 @@ class JobRun:
         status.restart_at = stamp(self.now + dt.timedelta(seconds=delay)) if delay else None
         status.attempt = attempt + 1
         status.phase = Phase.RESTARTING
+        kind, why = restart_kind(
+            supervised=self.supervised,
+            mode=self.policy.restart_mode,
+            failure=failure,
+            pods=[p for p in self.pods if p.attempt == attempt],
+            workers=self.total_workers,
+            not_ready_nodes=self.ctx.caches.not_ready_nodes(p.node for p in self.pods),
+        )
+        status.restart_kind = kind
+        status.in_place_since = stamp(self.now) if kind == RestartKind.IN_PLACE else None
+        status.in_place_restarts += int(kind == RestartKind.IN_PLACE)
+        how = "in place" if kind == RestartKind.IN_PLACE else "by recreating the pods"
         budget = f"{status.counted_restarts} of {self.policy.max_restarts} counted restarts used"
-        status.message = f"restarting as attempt {attempt + 1} in {delay:.0f} s: {decision.message}"
+        status.message = (
+            f"restarting {how} ({why}) as attempt {attempt + 1} in {delay:.0f} s: "
+            f"{decision.message}"
+        )
         self._condition(ConditionType.RESTARTING, True, decision.reason, status.message)
         self._condition(ConditionType.RUNNING, False, Reason.RESTARTING)
         self._event("Warning", Reason.RESTARTING, f"{status.message} ({budget})")
@@ -787,6 +942,11 @@ class JobRun:
                 if draining
                 else f"attempt {attempt}: restart backoff until {status.restart_at}"
             )
+            if draining and self._restarting_in_place():
+                status.message = (
+                    f"attempt {attempt}: restarting in place; the training processes of "
+                    f"{len(state.stale)} pods are being stopped"
+                )
         elif outcome == "Creating" and len(state.to_create) == state.total:
             phase = Phase.PENDING
             status.message = f"attempt {attempt}: creating {state.total} pods"
@@ -805,6 +965,8 @@ class JobRun:
         else:
             phase = Phase.RUNNING
             status.message = f"attempt {attempt}: all {state.total} workers running"
+        if phase == Phase.RUNNING:
+            status.in_place_since = None  # an in-place restart is over once running
         if phase == Phase.RUNNING and status.running_since is None:
             self.account.began_running(first_attempt=attempt == 1 and status.restarts == 0)
         if phase == Phase.RUNNING and self.previous_phase != Phase.RUNNING:
@@ -834,7 +996,7 @@ class JobRun:
             message = (
                 f"waiting for GKE to create node pools: {'; '.join(self.provisioning)} "
                 f"(pod {pod}: {why})"
-            )
+            ) + "".join(f"; {gone}" for gone in self.pools_gone)
             status.message = f"attempt {attempt}: {message}"
             self._condition(
                 ConditionType.PODS_SCHEDULED, False, Reason.WAITING_FOR_NODE_POOLS, message
@@ -842,6 +1004,7 @@ class JobRun:
         elif state.unschedulable:
             pod, why = state.unschedulable
             message = f"pod {pod} cannot be scheduled: {why}"
+            message += "".join(f"; {gone}" for gone in self.pools_gone)
             status.message = f"attempt {attempt}: {message}"
             if not self._condition_is(ConditionType.PODS_SCHEDULED, False):
                 self._event("Warning", Reason.UNSCHEDULABLE, message)
@@ -857,11 +1020,44 @@ class JobRun:
             self._condition(ConditionType.PODS_SCHEDULED, False, reason, message)
         elif phase in (Phase.STARTING, Phase.RUNNING):
             self._condition(ConditionType.PODS_SCHEDULED, True, Reason.SCHEDULED)
+        if phase == Phase.RUNNING and self.supervised:
+            self._disruption_notices(attempt)
         self.account.publish(phase, state.total)
         if self.track is not None and self.track.leader() is not None:
             self._stragglers()
             if not self._condition_is(ConditionType.STALLED, True):
                 self._condition(ConditionType.STALLED, False, Reason.PROGRESSING)
+
+    def _disruption_notices(self, attempt: int) -> None:
+        """GKE's notices of maintenance or termination of the nodes of a running attempt:
+        each new one asks the workers to checkpoint now, once (docs/api.md), as soon as
+        they are training."""
+        status = self.status
+        if self.monitoring.enabled and (self.track is None or self.track.step is None):
+            # Not training yet (importing, rendezvous, compiling): a request now would reach
+            # processes that cannot take it. The notice is handled once steps are seen.
+            return
+        seen = set(status.disruption_notices)
+        new: list[str] = []
+        for pod in self.pods:
+            if pod.attempt != attempt or not pod.node:
+                continue
+            node = self.ctx.caches.node(pod.node)
+            notice = node.disruption_notice if node is not None else None
+            key = f"node {pod.node}: {notice}" if notice else None
+            if key is not None and key not in seen:
+                seen.add(key)
+                new.append(key)
+        if not new:
+            return
+        status.disruption_notices = [*status.disruption_notices, *new][-MAX_NOTICES:]
+        status.checkpoint_requests += 1
+        self.checkpoint_for = new
+        self._event(
+            "Normal",
+            Reason.CHECKPOINT_REQUESTED,
+            f"asking the {self.total_workers} workers to checkpoint now: " + "; ".join(new),
+        )
 
     # stalls and stragglers
     def _stall(self) -> WorkerFailure | None:
@@ -904,6 +1100,54 @@ class JobRun:
         self._condition(ConditionType.STRAGGLER, True, Reason.STRAGGLER, message)
 
     # acts
+    def _restarting_in_place(self) -> bool:
+        """The committed attempt comes up in place and is not running yet."""
+        status = self.status
+        return (
+            status.restart_kind == RestartKind.IN_PLACE
+            and status.in_place_since is not None
+            and status.running_since is None
+            and status.phase in (Phase.RESTARTING, Phase.STARTING, Phase.PENDING)
+        )
+
+    async def _restart_in_place(self, attempt: int) -> None:
+        """Stop and move every pod of the previous attempt, then start this one (each
+        pass idempotent; reconcile/supervisors.py)."""
+        supervisors = self.ctx.supervisors
+        if supervisors is None:
+            return
+        restart_at = parse(self.status.restart_at)
+        template_spec = (self.raw_spec.get("template") or {}).get("spec") or {}
+        grace = template_spec.get("terminationGracePeriodSeconds")
+        done = await supervisors.restart_in_place(
+            job_uid=self.body["metadata"]["uid"],
+            namespace=self.namespace,
+            pods=self.pods,
+            attempt=attempt,
+            grace_seconds=float(grace) if isinstance(grace, int) else DEFAULT_GRACE_SECONDS,
+            may_start=restart_at is None or self.now >= restart_at,
+        )
+        if not done:
+            self._after(IN_PLACE_RECHECK_SECONDS)
+
+    async def _ensure_control_key(self) -> str:
+        """The job's control-key Secret (created once; the key derives from the job's UID,
+        so the Secret is never read back)."""
+        uid = self.body["metadata"]["uid"]
+        name = key_secret_name(self.name, uid)
+        if uid in self.ctx.control_keys or self.ctx.supervisors is None:
+            return name
+        secret = key_secret(
+            name=name,
+            namespace=self.namespace,
+            job_name=self.name,
+            owner=self._owner().reference(),
+            key=self.ctx.supervisors.channel.key_for(uid),
+        )
+        await self.ctx.kube.create(namespaced(self.namespace, "secrets"), secret)
+        self.ctx.control_keys.add(uid)
+        return name
+
     async def _run_children(self, attempt: int) -> None:
         ports = self.spec.ports
         service = headless_service(
@@ -914,6 +1158,8 @@ class JobRun:
             ports=Ports(ports.coordinator, ports.megascale, ports.metrics) if ports else Ports(),
         )
         await self.ctx.ensure_service(self.namespace, service)
+        secret = await self._ensure_control_key() if self.supervised else None
+        in_place_from = attempt - 1 if self._restarting_in_place() else None
         pools = self.status.node_pools or []
         for index in range(self.spec.num_slices):
             desired = job_slice(
@@ -927,6 +1173,8 @@ class JobRun:
                 not_before=self.status.restart_at,
                 suspend=False,
                 extra_labels=self._extra_labels(),
+                in_place_from=in_place_from,
+                control_key_secret=secret,
             )
             current = self.slices.get(index)
             if current is None:

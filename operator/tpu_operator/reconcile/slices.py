@@ -32,6 +32,7 @@ from tpu_operator.api.slice import TPUSliceSpec, TPUSliceStatus
 from tpu_operator.api.status import TERMINAL_PHASES, ConditionType, Phase, Reason, ResolvedShape
 from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
 from tpu_operator.builders.service import headless_service
+from tpu_operator.builders.supervision import Supervision
 from tpu_operator.builders.wiring import PodWiring, Ports
 from tpu_operator.catalog import CatalogError, SliceShape
 from tpu_operator.decisions import book_restart, decide
@@ -282,12 +283,18 @@ class SliceRun:
         return refs[0]
 
     async def _delete_stale(self, state: GangState) -> None:
-        """Delete the pods of earlier attempts: one DELETE per pod, all at once (bounded by
+        """Delete the pods of earlier attempts (except those the job restarts in place,
+        ``spec.inPlaceFrom``): one DELETE per pod, all at once (bounded by
         the client's concurrency), each guarded by the pod's UID. The apiserver works
         through a collection DELETE one pod at a time; separate DELETEs let it use all its
         workers (at 256 hosts the old pods were gone in 60 % of the time)."""
         deleted = self.ctx.deleted_pods
-        doomed = [p for p in state.stale if not p.deleting and not deleted.awaited(p.uid)]
+        carried = self.spec.in_place_from if self.managed else None
+        doomed = [
+            p
+            for p in state.stale
+            if not p.deleting and not deleted.awaited(p.uid) and p.attempt != carried
+        ]
         if doomed:
             await asyncio.gather(*(self._delete(p) for p in doomed))
         await self._force_stuck([p for p in state.stale if p.deleting])
@@ -358,6 +365,8 @@ class SliceRun:
         job_name = self.job_name or self.name
         ports = ports_of(spec)
         path = namespaced(self.namespace, "pods")
+        secret = spec.control_key_secret if self.managed else None
+        supervised = Supervision(secret) if secret else None
 
         async def create(member: Member) -> None:
             wiring = PodWiring(
@@ -379,6 +388,7 @@ class SliceRun:
                     template=template,
                     owner=owner,
                     placement=node_placement,
+                    supervision=supervised,
                 )
             except BUILD_ERRORS as exc:
                 log.warning("cannot build pod %s from spec.template: %r", member.name, exc)

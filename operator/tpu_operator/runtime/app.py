@@ -25,8 +25,10 @@ from tpu_operator.progress.sampler import ProgressSampler
 from tpu_operator.reconcile.context import Context
 from tpu_operator.reconcile.jobs import JobReconciler
 from tpu_operator.reconcile.slices import SliceReconciler
+from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime.audit import CacheAudit
 from tpu_operator.runtime.caches import Caches, Index
+from tpu_operator.runtime.control import ControlChannel, load_master_key
 from tpu_operator.runtime.events import EventRecorder
 from tpu_operator.runtime.kube import ApiError, Kube, RequestRecord, load_configuration
 from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
@@ -61,6 +63,13 @@ class OperatorConfig:
     kueue: bool = False
     """Admit TPUJobs labelled kueue.x-k8s.io/queue-name through Kueue Workloads
     (docs/kueue.md); needs Kueue's CRDs."""
+    default_provisioning: str = "ExistingPools"
+    """spec.placement.provisioning of the objects that leave it unset."""
+    in_place_restarts: bool = False
+    """Restart gangs in place where the workers run the supervisor (docs/api.md)."""
+    control_key_file: str | None = None
+    """The master key of the control channel to the supervisors (every replica must read
+    the same one); unset: a random key per process."""
 
     def describe(self) -> str:
         scope = ", ".join(self.namespaces) if self.namespaces else "all namespaces"
@@ -71,7 +80,8 @@ class OperatorConfig:
         )
         return (
             f"watching {scope}; {self.api_concurrency} concurrent API requests; "
-            f"metrics :{self.metrics_port}; liveness :{self.health_port}/healthz; {election}"
+            f"metrics :{self.metrics_port}; liveness :{self.health_port}/healthz; {election}; "
+            f"placement.provisioning default {self.default_provisioning}"
         )
 
 
@@ -118,7 +128,11 @@ class Runtime:
             jobs=self.jobs,
             slices=self.slices,
             metrics=self.metrics,
+            default_provisioning=config.default_provisioning,
         )
+        if config.in_place_restarts:
+            self.control = ControlChannel(load_master_key(config.control_key_file))
+            self.context.supervisors = Supervisors(self.control, self.kube)
         self.sampler = ProgressSampler(
             self.caches,
             self.jobs.add,
@@ -208,6 +222,8 @@ class Runtime:
         await asyncio.gather(
             self.jobs.stop(), self.slices.stop(), self.sampler.stop(), self.events.stop()
         )
+        if self.context.supervisors is not None:
+            await self.context.supervisors.channel.close()
 
     async def stop(self) -> None:
         if self._housekeeping_task is not None:

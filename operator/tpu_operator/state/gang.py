@@ -44,6 +44,22 @@ class WorkerFailure:
 
 
 @dataclass(frozen=True, slots=True)
+class ProcessReport:
+    """What a supervisor said about the training process of a pod whose readiness turned
+    False (``reconcile/supervisors.py``): its exit, or that it did not answer."""
+
+    attempt: int
+    """The attempt of the process it reports on (or of the pod, when unreachable)."""
+    exit_code: int | None = None
+    reason: str | None = None
+    time: str | None = None
+    unreachable: str | None = None
+    """Why the supervisor could not be asked (refused, timed out, bad answer)."""
+    running: bool = False
+    """The process runs (the readiness probe failed for another reason)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Member:
     """A pod the attempt should have."""
 
@@ -84,7 +100,40 @@ class GangState:
     """Pods of this attempt that still run or wait to run."""
 
 
-def _classify(pod: PodView, not_ready_nodes: frozenset[str]) -> WorkerFailure | None:
+def _process_failure(pod: PodView, report: ProcessReport | None) -> WorkerFailure | None:
+    """A supervised pod whose training process stopped, as its supervisor reports it."""
+    if report is None or not pod.process_stopped or report.attempt != pod.attempt:
+        return None
+    where = f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
+    if report.unreachable is not None:
+        return WorkerFailure(
+            Reason.SUPERVISOR_UNREACHABLE,
+            f"{where}: the training process stopped and its supervisor does not answer "
+            f"({report.unreachable})",
+            pod.name,
+            pod.node,
+            None,
+            report.time,
+        )
+    if report.running:
+        return None
+    code = report.exit_code
+    detail = f"exited with code {code}" if code is not None else "ended"
+    if report.reason and report.reason not in ("Exited", "Error", "Completed"):
+        detail += f" ({report.reason})"
+    return WorkerFailure(
+        Reason.WORKER_FAILED,
+        f"{where}: the training process {detail}",
+        pod.name,
+        pod.node,
+        code,
+        report.time,
+    )
+
+
+def _classify(
+    pod: PodView, not_ready_nodes: frozenset[str], report: ProcessReport | None = None
+) -> WorkerFailure | None:
     """Why ``pod`` ended the attempt, or None while it is healthy (or succeeded)."""
     where = f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
     if pod.disruption is not None:
@@ -119,7 +168,7 @@ def _classify(pod: PodView, not_ready_nodes: frozenset[str]) -> WorkerFailure | 
             None,
             None,
         )
-    return None
+    return _process_failure(pod, report)
 
 
 def _vanished(
@@ -159,14 +208,17 @@ def assess(
     tombstones: Mapping[str, PodView] | None = None,
     not_ready_nodes: frozenset[str] = frozenset(),
     success_policy: SuccessPolicy = "AllWorkers",
+    reports: Mapping[str, ProcessReport] | None = None,
 ) -> GangState:
     """The state of ``attempt`` given the pods that exist now.
 
     ``created_slices`` are slices whose pods of this attempt were all seen created once: a
     member missing from them has vanished (a failure) rather than waiting to be created.
     ``tombstones`` are the last seen states of deleted pods of this attempt, by name.
+    ``reports`` are supervisors' reports on stopped training processes, by pod name.
     """
     tombstones = tombstones or {}
+    reports = reports or {}
     by_name: dict[str, PodView] = {}
     stale: list[PodView] = []
     for seen in pods:
@@ -194,7 +246,7 @@ def assess(
                 state.to_create.append(member)
             continue
         count.existing += 1
-        failure = _classify(pod, not_ready_nodes)
+        failure = _classify(pod, not_ready_nodes, reports.get(pod.name))
         if failure is not None:
             failures.append(failure)
         elif pod.outcome_phase == "Succeeded":

@@ -59,6 +59,26 @@ class PodView:
     """Exit code of the worker container once it has terminated. The kubelet reports a
     container's end and the pod's phase in two writes (and a sidecar may keep the pod
     Running): the gang takes the worker's exit as the pod's outcome at once."""
+    supervised: bool = False
+    """The worker container runs the supervisor (in-place restarts)."""
+    not_ready_since: str | None = None
+    """When the pod's Ready condition last turned False (while it is False)."""
+    worker_started: str | None = None
+    """When the worker container started running (while it runs)."""
+
+    @property
+    def process_stopped(self) -> bool:
+        """A supervised worker whose training process stopped: the container runs, but
+        the supervisor's readiness turned False after the container started."""
+        return (
+            self.supervised
+            and self.phase == "Running"
+            and not self.ready
+            and self.worker_exit is None
+            and self.worker_started is not None
+            and self.not_ready_since is not None
+            and self.not_ready_since >= self.worker_started
+        )
 
     @property
     def outcome_phase(self) -> str:
@@ -102,6 +122,15 @@ def _worker_termination(status: Mapping[str, Any]) -> tuple[int | None, str | No
     return chosen.get("exitCode"), chosen.get("reason"), chosen.get("finishedAt")
 
 
+def _worker_started(status: Mapping[str, Any]) -> str | None:
+    for container in status.get("containerStatuses") or []:
+        if container.get("name") == contract.WORKER_CONTAINER:
+            running = (container.get("state") or {}).get("running") or {}
+            started = running.get("startedAt")
+            return started if isinstance(started, str) else None
+    return None
+
+
 def _worker_exit(status: Mapping[str, Any]) -> int | None:
     for container in status.get("containerStatuses") or []:
         if container.get("name") == contract.WORKER_CONTAINER:
@@ -120,7 +149,13 @@ def pod_view(body: Mapping[str, Any]) -> PodView | None:
         return None
     status = body.get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    ready = (conditions.get("Ready") or {}).get("status") == "True"
+    ready_condition = conditions.get("Ready") or {}
+    ready = ready_condition.get("status") == "True"
+    not_ready_since = (
+        ready_condition.get("lastTransitionTime")
+        if ready_condition.get("status") == "False"
+        else None
+    )
     disruption_condition = conditions.get("DisruptionTarget") or {}
     disruption = (
         disruption_condition.get("reason") or "DisruptionTarget"
@@ -164,6 +199,9 @@ def pod_view(body: Mapping[str, Any]) -> PodView | None:
         started=status.get("startTime"),
         finished=finished,
         worker_exit=_worker_exit(status),
+        supervised=(meta.get("annotations") or {}).get(contract.ANNOTATION_SUPERVISED) == "true",
+        not_ready_since=not_ready_since if isinstance(not_ready_since, str) else None,
+        worker_started=_worker_started(status),
     )
 
 
@@ -182,6 +220,35 @@ class NodeView:
     """``node.kubernetes.io/instance-type``: the VM's machine type, which fixes its chips."""
     slice_pool: str | None = None
     """``tpu-operator.dev/slice-pool``: set on the nodes of a pool GKE created for a slice."""
+    disruption_notice: str | None = None
+    """What GKE announces is about to disrupt the node (``maintenance_notice``), if any."""
+
+
+# GKE's notices of host events on TPU and GPU nodes ("Manage GKE node disruption for GPUs
+# and TPUs", cloud.google.com/kubernetes-engine/docs/concepts/handle-disruption-gpu-tpu):
+# upcoming maintenance as a node label holding its Unix start time, maintenance under way
+# as another label, and the taint GKE's maintenance handler sets before it terminates the
+# node (graceful termination). Spot preemption shows as the same taint and as pods'
+# DisruptionTarget condition.
+MAINTENANCE_TIME_LABEL = "cloud.google.com/scheduled-maintenance-time"
+ACTIVE_MAINTENANCE_LABEL = "cloud.google.com/active-node-maintenance"
+IMPENDING_TERMINATION_TAINT = "cloud.google.com/impending-node-termination"
+
+
+def maintenance_notice(labels: Mapping[str, str], taints: list[Any]) -> str | None:
+    """The node's disruption notice in words (one per event: the words change with it)."""
+    for taint in taints:
+        if isinstance(taint, Mapping) and taint.get("key") == IMPENDING_TERMINATION_TAINT:
+            since = taint.get("timeAdded")
+            suffix = f" since {since}" if since else ""
+            return f"impending termination (taint {IMPENDING_TERMINATION_TAINT}{suffix})"
+    active = labels.get(ACTIVE_MAINTENANCE_LABEL)
+    if active and active.lower() not in ("false", "0"):
+        return f"maintenance under way ({ACTIVE_MAINTENANCE_LABEL}={active})"
+    when = labels.get(MAINTENANCE_TIME_LABEL)
+    if when:
+        return f"maintenance scheduled at {when} ({MAINTENANCE_TIME_LABEL})"
+    return None
 
 
 def node_view(body: Mapping[str, Any]) -> NodeView:
@@ -205,4 +272,7 @@ def node_view(body: Mapping[str, Any]) -> NodeView:
         tpu_chips=_int(allocatable.get(contract.TPU_RESOURCE), 0),
         machine_type=labels.get(INSTANCE_TYPE_LABEL),
         slice_pool=labels.get(SLICE_POOL_LABEL),
+        disruption_notice=maintenance_notice(
+            labels, list((body.get("spec") or {}).get("taints") or [])
+        ),
     )

@@ -1,0 +1,271 @@
+"""In-place gang restarts: what the supervisors report, and the restart itself (I/O).
+
+Two halves, both driven by the TPUJob reconciler:
+
+- **Reports.** A supervised pod whose readiness turned False after its container started
+  has a training process that stopped (``PodView.process_stopped``). Before deciding, the
+  job asks each such pod's supervisor what happened (exit code, reason), once per
+  readiness transition; the answers are the gang assessment's ``reports``. A supervisor
+  that does not answer three times in a row is reported unreachable (the next attempt
+  then recreates the pods).
+- **The restart.** For a job whose committed status says "attempt N+1, in place", every
+  pod of attempt N is stopped (``stop`` for N: the supervisor sends SIGTERM, waits for the
+  worker's termination grace, then SIGKILL) and then relabelled to attempt N+1. Only when
+  every pod of the job carries N+1 (so every process of N has stopped: the barrier) and
+  the restart backoff has passed, each supervisor is told to ``start`` N+1. Each step is
+  idempotent, so a reconcile cut short (or a new operator) just does it again. A stop
+  that fails ends the in-place restart: the job records a failure of attempt N+1 and
+  recreates the pods for N+2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from tpu_operator import contract
+from tpu_operator.runtime.control import ControlChannel, ControlError, ProcessState
+from tpu_operator.runtime.kube import ApiError, Kube, namespaced
+from tpu_operator.state.gang import ProcessReport
+from tpu_operator.state.views import PodView
+
+log = logging.getLogger(__name__)
+
+UNREACHABLE_AFTER = 3
+"""Failed asks in a row before a supervisor counts as unreachable."""
+RETRY_SECONDS = 1.0
+"""Before asking a supervisor again (after a failure, or while its answer is stale)."""
+RUNNING_RECHECK_SECONDS = 3.0
+"""A supervisor that said "running" for a NotReady pod is asked again after this long."""
+
+
+def _stamp(unix: float | None) -> str | None:
+    if unix is None:
+        return None
+    return dt.datetime.fromtimestamp(unix, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def report_of(state: ProcessState) -> ProcessReport:
+    return ProcessReport(
+        attempt=state.attempt,
+        exit_code=state.exit_code,
+        reason=state.exit_reason,
+        time=_stamp(state.exited_at),
+        running=state.running,
+    )
+
+
+def _current(table: dict[tuple[str, int], set[str]], job: str, attempt: int) -> set[str]:
+    """The set kept for ``attempt`` of ``job``; those of its earlier attempts are dropped."""
+    for key in [k for k in table if k[0] == job and k[1] < attempt]:
+        del table[key]
+    return table.setdefault((job, attempt), set())
+
+
+@dataclass
+class _Asked:
+    transition: str | None
+    report: ProcessReport | None = None
+    failures: int = 0
+    at: float = 0.0
+
+
+@dataclass
+class Supervisors:
+    """The operator's memory of supervisors' answers and of the starts it sent."""
+
+    channel: ControlChannel
+    kube: Kube
+    clock: object = time.monotonic
+    _asked: dict[str, _Asked] = field(default_factory=dict)
+    _started: dict[tuple[str, int], set[str]] = field(default_factory=dict)
+    _moved: dict[tuple[str, int], set[str]] = field(default_factory=dict)
+    """Pods (UIDs) whose process was stopped and whose label was moved, per restart (the
+    caches may still show the old label for a moment)."""
+    _fallbacks: dict[tuple[str, int], str] = field(default_factory=dict)
+
+    def _now(self) -> float:
+        return float(self.clock())  # type: ignore[operator]
+
+    def forget(self, pod_uids: Iterable[str]) -> None:
+        for uid in pod_uids:
+            self._asked.pop(uid, None)
+
+    # reports
+    async def observe(
+        self, job_uid: str, pods: Iterable[PodView]
+    ) -> tuple[dict[str, ProcessReport], float | None]:
+        """Reports on the stopped training processes among ``pods``, by pod name, and
+        when to look again if some supervisor still has to answer."""
+        now = self._now()
+        reports: dict[str, ProcessReport] = {}
+        ask: list[PodView] = []
+        retry: float | None = None
+        for pod in pods:
+            if not pod.process_stopped:
+                self._asked.pop(pod.uid, None)
+                continue
+            asked = self._asked.get(pod.uid)
+            if asked is None or asked.transition != pod.not_ready_since:
+                asked = self._asked[pod.uid] = _Asked(pod.not_ready_since)
+            if self._fresh(asked, pod, now):
+                if asked.report is not None:
+                    reports[pod.name] = asked.report
+                continue
+            ask.append(pod)
+        if ask:
+            results = await asyncio.gather(
+                *(self.channel.status(job_uid, p.pod_ip) for p in ask), return_exceptions=True
+            )
+            for pod, result in zip(ask, results, strict=True):
+                asked = self._asked[pod.uid]
+                asked.at = now
+                if isinstance(result, ProcessState):
+                    asked.failures = 0
+                    asked.report = report_of(result)
+                elif isinstance(result, ControlError):
+                    asked.failures += 1
+                    log.info("asking the supervisor of pod %s: %s", pod.name, result)
+                    if asked.failures >= UNREACHABLE_AFTER:
+                        asked.report = ProcessReport(attempt=pod.attempt, unreachable=str(result))
+                    else:
+                        retry = RETRY_SECONDS
+                else:
+                    raise result
+                if asked.report is not None:
+                    reports[pod.name] = asked.report
+                if asked.report is not None and asked.report.attempt != pod.attempt:
+                    retry = RETRY_SECONDS
+        return reports, retry
+
+    def _fresh(self, asked: _Asked, pod: PodView, now: float) -> bool:
+        if asked.at == 0.0:
+            return False
+        age = now - asked.at
+        report = asked.report
+        if report is None:
+            return age < RETRY_SECONDS
+        if report.unreachable is not None:
+            return True
+        if report.attempt != pod.attempt:
+            return age < RETRY_SECONDS  # the pod was moved to a new attempt since
+        if report.running:
+            return age < RUNNING_RECHECK_SECONDS
+        return True
+
+    # the restart
+    def fallback(self, job_uid: str, attempt: int) -> str | None:
+        """Why the in-place restart into ``attempt`` cannot go on, if it cannot."""
+        return self._fallbacks.get((job_uid, attempt))
+
+    async def restart_in_place(
+        self,
+        *,
+        job_uid: str,
+        namespace: str,
+        pods: list[PodView],
+        attempt: int,
+        grace_seconds: float,
+        may_start: bool,
+    ) -> bool:
+        """One pass of the in-place restart into ``attempt``; True once every process of
+        ``attempt`` was told to start."""
+        moved = _current(self._moved, job_uid, attempt)
+        older = [p for p in pods if p.attempt < attempt and p.uid not in moved]
+        if any(p.deleting for p in older):
+            return False  # recreated by its slice once gone, with the new attempt's env
+        if older:
+            await self._stop_and_move(job_uid, namespace, older, attempt, grace_seconds)
+            if self.fallback(job_uid, attempt) is not None:
+                return False
+        if not may_start or any(p.attempt != attempt and p.uid not in moved for p in pods):
+            return False
+        started = _current(self._started, job_uid, attempt)
+        # Readiness cannot tell: a stopped process's pod may still show Ready for up to a
+        # probe period. A start for a process that runs is answered without effect.
+        todo = [p for p in pods if p.uid not in started]
+        if not todo:
+            return True
+        env = {contract.ENV_RESTART_ATTEMPT: str(attempt)}
+        results = await asyncio.gather(
+            *(self.channel.start(job_uid, p.pod_ip, attempt, env) for p in todo),
+            return_exceptions=True,
+        )
+        now = self._now()
+        for pod, result in zip(todo, results, strict=True):
+            if isinstance(result, ProcessState):
+                started.add(pod.uid)
+                # The answer is the latest word on the process: no need to ask again.
+                self._asked[pod.uid] = _Asked(pod.not_ready_since, report_of(result), 0, now)
+            elif isinstance(result, ControlError):
+                log.warning("starting attempt %d in pod %s: %s", attempt, pod.name, result)
+                asked = self._asked.setdefault(pod.uid, _Asked(pod.not_ready_since))
+                asked.failures = max(asked.failures + 1, UNREACHABLE_AFTER)
+                asked.report = ProcessReport(attempt=attempt, unreachable=str(result))
+                asked.at = now
+            else:
+                raise result
+        return all(p.uid in started for p in pods)
+
+    async def _stop_and_move(
+        self, job_uid: str, namespace: str, pods: list[PodView], attempt: int, grace: float
+    ) -> None:
+        moved = _current(self._moved, job_uid, attempt)
+
+        async def stop_and_move(pod: PodView) -> None:
+            try:
+                await self.channel.stop(job_uid, pod.pod_ip, attempt - 1, grace)
+            except ControlError as exc:
+                if not exc.conflict:
+                    raise
+                # A newer process than attempt - 1 runs there: never stop it, never move.
+                raise ControlError(f"pod {pod.name} runs a newer attempt: {exc}") from None
+            await self.kube.merge_patch(
+                namespaced(namespace, "pods", pod.name),
+                {
+                    "metadata": {
+                        "uid": pod.uid,
+                        "labels": {contract.LABEL_RESTART_ATTEMPT: str(attempt)},
+                    }
+                },
+            )
+            moved.add(pod.uid)
+
+        results = await asyncio.gather(*(stop_and_move(p) for p in pods), return_exceptions=True)
+        for pod, result in zip(pods, results, strict=True):
+            if isinstance(result, ControlError):
+                message = (
+                    f"pod {pod.name}: its supervisor did not stop the training process: {result}"
+                )
+                log.warning("in-place restart into attempt %d: %s", attempt, message)
+                self._fallbacks.setdefault((job_uid, attempt), message)
+            elif isinstance(result, ApiError):
+                if not result.not_found:
+                    raise result
+            elif isinstance(result, BaseException):
+                raise result
+
+    async def checkpoint(
+        self, *, job_uid: str, pods: list[PodView], attempt: int, request_id: str
+    ) -> int:
+        """Ask every running training process of ``attempt`` to checkpoint now (the
+        supervisors acknowledge a repeated ``request_id`` without asking again); how many
+        were asked."""
+        targets = [p for p in pods if p.attempt == attempt and p.ready and not p.deleting]
+        results = await asyncio.gather(
+            *(self.channel.checkpoint(job_uid, p.pod_ip, attempt, request_id) for p in targets),
+            return_exceptions=True,
+        )
+        asked = 0
+        for pod, result in zip(targets, results, strict=True):
+            if isinstance(result, ControlError):
+                log.warning("asking pod %s to checkpoint: %s", pod.name, result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                asked += 1
+        return asked

@@ -1,0 +1,260 @@
+"""In-place gang restarts with real JAX processes: the supervisors in the worker pods
+restart the training processes in the pods the job already has.
+
+Workers run ``tpu-worker demo`` (real multi-process JAX on CPU) in run-mode pods of the
+local cluster, whose node agent runs the readiness probe the operator gives supervised
+containers. Faults come from the demo's hooks, in the first attempt only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcluster.testing import wait_until
+from tests.operator.support import Api
+from tpu_operator import contract
+from tpu_operator.state.views import MAINTENANCE_TIME_LABEL
+
+pytestmark = pytest.mark.integration
+CHECKPOINTS = Path("/var/tmp/tpu-operator-tests/inplace")
+
+
+def demo_job(namespace: str, name: str, *args: str, env: dict[str, str] | None = None, **spec):
+    """A 2-host v5p job running the demo under the supervisor, checkpointing every 5 steps."""
+    directory = CHECKPOINTS / namespace / name
+    shutil.rmtree(directory, ignore_errors=True)
+    worker = {
+        "name": "worker",
+        "image": "unused.local/worker",
+        "command": [
+            "tpu-worker",
+            "demo",
+            "--log-every=10",
+            f"--checkpoint-dir={directory}",
+            "--checkpoint-every=5",
+            "--step-sleep=0.2",
+            *args,
+        ],
+        "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
+    }
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.JOB_KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "slice": {"type": "v5p-16"},
+            "template": {"spec": {"terminationGracePeriodSeconds": 10, "containers": [worker]}},
+            "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 3},
+            **spec,
+        },
+    }, directory
+
+
+def identities(tpu: Api, namespace: str) -> dict[str, tuple[str, str]]:
+    return {
+        p["metadata"]["name"]: (p["metadata"]["uid"], p["status"].get("podIP", ""))
+        for p in tpu.pods(namespace)
+    }
+
+
+def steps_saved(directory: Path) -> list[int]:
+    return sorted(int(p.stem.split("_")[1]) for p in directory.glob("step_*.npz"))
+
+
+def running_attempt(tpu: Api, namespace: str, name: str, attempt: int, timeout: float = 180):
+    return wait_until(
+        lambda: (
+            (s := tpu.status(namespace, name)).get("phase") == "Running"
+            and s.get("attempt") == attempt
+            and s
+        ),
+        timeout=timeout,
+        message=f"TPUJob {namespace}/{name} Running as attempt {attempt}",
+    )
+
+
+def test_a_worker_exit_restarts_every_process_in_the_same_pods(tpu, namespace, running_operator):
+    manifest, directory = demo_job(
+        namespace,
+        "inplace",
+        "--steps=100000",
+        env={
+            contract.ENV_DEMO_EXIT_AT_STEP: "12",
+            contract.ENV_DEMO_EXIT_PROCESSES: "1",
+            contract.ENV_DEMO_FAULT_ATTEMPTS: "1",
+        },
+    )
+    tpu.apply(manifest)
+    first = running_attempt(tpu, namespace, "inplace", 1)
+    assert first["restarts"] == 0
+    before = identities(tpu, namespace)
+    pod = tpu.pods(namespace)[0]
+    assert pod["metadata"]["annotations"][contract.ANNOTATION_SUPERVISED] == "true"
+    status = running_attempt(tpu, namespace, "inplace", 2)
+    assert status["restartKind"] == "InPlace"
+    assert (status["restarts"], status["countedRestarts"], status["inPlaceRestarts"]) == (1, 1, 1)
+    failure = status["lastFailure"]
+    assert (failure["reason"], failure["exitCode"], failure["pod"]) == ("Failed", 1, "inplace-0-1")
+    assert identities(tpu, namespace) == before, "the pods (UIDs, IPs) must be the same"
+    assert {
+        p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in tpu.pods(namespace)
+    } == {"2"}
+    events = tpu.wait_events(namespace, "inplace", "Restarting")
+    assert "Restarting" in events
+    # attempt 2 rendezvoused again and resumed from the last checkpoint (step 10)
+    saved_before = max(steps_saved(directory))
+    wait_until(
+        lambda: max(steps_saved(directory)) > saved_before,
+        timeout=120,
+        message="attempt 2 to save a checkpoint after the one it resumed from",
+    )
+    progress = wait_until(
+        lambda: (tpu.status(namespace, "inplace").get("progress") or {}).get("step"),
+        timeout=60,
+        message="progress of attempt 2",
+    )
+    assert progress >= 10
+
+
+def test_a_request_without_the_jobs_key_is_refused(tpu, namespace, running_operator):
+    manifest, _ = demo_job(namespace, "guarded", "--steps=100000")
+    tpu.apply(manifest)
+    running_attempt(tpu, namespace, "guarded", 1)
+    ip = tpu.pods(namespace)[0]["status"]["podIP"]
+    base = f"http://{ip}:{contract.DEFAULT_CONTROL_PORT}"
+    for path, body in (("/v1/stop", {"attempt": 1, "grace_seconds": 1}), ("/v1/status", None)):
+        request = urllib.request.Request(
+            base + path,
+            data=json.dumps(body).encode() if body is not None else None,
+            method="POST" if body is not None else "GET",
+            headers={"Authorization": "Bearer guessed"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 401
+    with urllib.request.urlopen(base + "/readyz", timeout=5) as ready:
+        assert ready.status == 200  # readiness is public and says nothing else
+    time.sleep(2)
+    status = tpu.status(namespace, "guarded")
+    assert (status["phase"], status["attempt"], status["restarts"]) == ("Running", 1, 0)
+
+
+def test_a_hung_worker_is_stalled_and_restarted_in_place(tpu, namespace, running_operator):
+    manifest, _ = demo_job(
+        namespace,
+        "hung",
+        "--steps=100000",
+        env={
+            contract.ENV_DEMO_HANG_AT_STEP: "8",
+            contract.ENV_DEMO_HANG_PROCESSES: "0",
+            contract.ENV_DEMO_FAULT_ATTEMPTS: "1",
+        },
+        monitoring={"sampleInterval": "1s", "stallTimeout": "15s"},
+    )
+    tpu.apply(manifest)
+    running_attempt(tpu, namespace, "hung", 1)
+    before = identities(tpu, namespace)
+    status = running_attempt(tpu, namespace, "hung", 2, timeout=240)
+    assert status["lastFailure"]["reason"] == "Stalled"
+    assert status["restartKind"] == "InPlace"
+    assert identities(tpu, namespace) == before
+
+
+def test_a_lost_node_falls_back_to_recreating_the_pods(tpu, namespace, cluster, running_operator):
+    manifest, _ = demo_job(namespace, "lost", "--steps=100000")
+    tpu.apply(manifest)
+    running_attempt(tpu, namespace, "lost", 1)
+    before = identities(tpu, namespace)
+    node = tpu.pods(namespace)[0]["spec"]["nodeName"]
+    cluster.agent.make_node_not_ready(node)
+    try:
+        status = wait_until(
+            lambda: (s := tpu.status(namespace, "lost")).get("attempt") == 2 and s,
+            timeout=120,
+            message="a restart after the node went NotReady",
+        )
+        assert status["restartKind"] == "Recreate"
+        assert status["lastFailure"]["reason"] == "NodeLost"
+    finally:
+        cluster.agent.heal_node(node)
+    running_attempt(tpu, namespace, "lost", 2, timeout=240)
+    after = identities(tpu, namespace)
+    assert {uid for uid, _ in after.values()}.isdisjoint({uid for uid, _ in before.values()})
+
+
+def test_a_maintenance_notice_asks_the_workers_to_checkpoint(
+    tpu, namespace, cluster, running_operator
+):
+    manifest, directory = demo_job(
+        namespace, "noticed", "--steps=100000", "--checkpoint-every=1000"
+    )
+    tpu.apply(manifest)
+    running_attempt(tpu, namespace, "noticed", 1)
+    assert steps_saved(directory) == []
+    node = tpu.pods(namespace)[0]["spec"]["nodeName"]
+    when = str(int(time.time()) + 3600)
+    cluster.kubectl("label", "node", node, f"{MAINTENANCE_TIME_LABEL}={when}", "--overwrite")
+    try:
+        events = tpu.wait_events(namespace, "noticed", "CheckpointRequested", timeout=60)
+        assert "CheckpointRequested" in events
+        saved = wait_until(
+            lambda: steps_saved(directory),
+            timeout=120,
+            message="a checkpoint written on the operator's request",
+        )
+        status = tpu.status(namespace, "noticed")
+        assert status["checkpointRequests"] == 1
+        assert status["disruptionNotices"] == [
+            f"node {node}: maintenance scheduled at {when} ({MAINTENANCE_TIME_LABEL})"
+        ]
+        assert (status["phase"], status["attempt"]) == ("Running", 1)
+        assert saved[0] < 1000
+    finally:
+        cluster.kubectl("label", "node", node, f"{MAINTENANCE_TIME_LABEL}-")
+
+
+def _restart_with(operator: Any, key_file: Path) -> None:
+    operator.kill()
+    args = [a for a in operator.extra_args if not a.startswith("--control-key-file")]
+    operator.extra_args = [*args, f"--control-key-file={key_file}"]
+    operator.start()
+
+
+def test_supervisors_that_do_not_answer_the_operator_lead_to_recreation(
+    tpu, namespace, running_operator, tmp_path
+):
+    manifest, _ = demo_job(
+        namespace,
+        "strangers",
+        "--steps=100000",
+        env={
+            contract.ENV_DEMO_EXIT_AT_STEP: "15",
+            contract.ENV_DEMO_EXIT_PROCESSES: "1",
+            contract.ENV_DEMO_FAULT_ATTEMPTS: "1",
+        },
+    )
+    tpu.apply(manifest)
+    running_attempt(tpu, namespace, "strangers", 1)
+    before = identities(tpu, namespace)
+    original = list(running_operator.extra_args)
+    other_key = tmp_path / "other.key"
+    other_key.write_bytes(b"a-different-master-key-0123456789")
+    _restart_with(running_operator, other_key)  # its signatures no longer match the pods'
+    try:
+        status = running_attempt(tpu, namespace, "strangers", 2, timeout=240)
+        assert status["lastFailure"]["reason"] == "SupervisorUnreachable"
+        assert status["restartKind"] == "Recreate"
+        after = identities(tpu, namespace)
+        assert {uid for uid, _ in after.values()}.isdisjoint({uid for uid, _ in before.values()})
+    finally:
+        running_operator.kill()
+        running_operator.extra_args = original
+        running_operator.start()

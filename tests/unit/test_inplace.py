@@ -1,0 +1,357 @@
+"""In-place gang restarts over the in-memory API (tests/unit/fakeapi.py).
+
+The supervisors are stood in for by ``FakeChannel``: one training process per pod IP
+with the states a real supervisor has (tests/worker/test_supervisor.py runs the real
+one). Each scenario checks what the job decides (kind, attempt, counting), what it does to
+the pods (stopped, relabelled, started; never deleted), the barrier (no start before
+every pod carries the new attempt), and each fallback to recreating the pods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.unit.fakeapi import FakeCluster, stamp
+from tpu_operator import contract
+from tpu_operator.api.status import Reason, RestartKind
+from tpu_operator.controllers import pod_view
+from tpu_operator.decisions import restart_kind
+from tpu_operator.state.gang import WorkerFailure
+from tpu_operator.reconcile.supervisors import Supervisors
+from tpu_operator.runtime.control import ControlError, ProcessState
+
+pytestmark = pytest.mark.unit
+
+V5P = ("tpu-v5p-slice", "2x2x2")  # v5p-16: 2 hosts of 4 chips
+
+
+class FakeChannel:
+    """Supervisors by pod IP: the process state each would report, and every call."""
+
+    def __init__(self, cluster: FakeCluster) -> None:
+        self.cluster = cluster
+        self.processes: dict[str, ProcessState] = {}
+        self.calls: list[tuple[str, str, int]] = []
+        self.unreachable: set[str] = set()
+        self.starts_saw: list[set[str]] = []
+        """At each start: the attempt labels of all the job's pods."""
+
+    def key_for(self, job_uid: str) -> bytes:
+        return f"key-of-{job_uid}".encode()
+
+    async def close(self) -> None:
+        pass
+
+    def _check(self, ip: str | None, verb: str) -> None:
+        assert ip is not None
+        if ip in self.unreachable:
+            raise ControlError(f"{verb} http://{ip}: ClientConnectorError: refused")
+
+    async def status(self, job_uid: str, ip: str | None) -> ProcessState:
+        self._check(ip, "status")
+        assert ip is not None
+        self.calls.append(("status", ip, self.processes[ip].attempt))
+        return self.processes[ip]
+
+    async def stop(self, job_uid: str, ip: str | None, attempt: int, grace: float) -> ProcessState:
+        self._check(ip, "stop")
+        assert ip is not None
+        self.calls.append(("stop", ip, attempt))
+        current = self.processes[ip]
+        if current.attempt > attempt:
+            raise ControlError("newer attempt", status=409)
+        if current.running:
+            self.processes[ip] = ProcessState("exited", current.attempt, 143, "Signaled: SIGTERM")
+        return self.processes[ip]
+
+    async def start(
+        self, job_uid: str, ip: str | None, attempt: int, env: dict[str, str]
+    ) -> ProcessState:
+        self._check(ip, "start")
+        assert ip is not None
+        assert env[contract.ENV_RESTART_ATTEMPT] == str(attempt)
+        self.calls.append(("start", ip, attempt))
+        self.starts_saw.append(
+            {p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in pods_of(self)}
+        )
+        if self.processes[ip].attempt < attempt:
+            self.processes[ip] = ProcessState("running", attempt)
+        return self.processes[ip]
+
+
+def restarting_event(cluster: FakeCluster) -> str:
+    """The message of the job's last Restarting event."""
+    messages = [
+        m for n, _, r, m in cluster.recorded.events if n == "TPUJob/j" and r == "Restarting"
+    ]
+    assert messages, cluster.recorded.events
+    return messages[-1]
+
+
+def pods_of(channel: FakeChannel) -> list[dict[str, Any]]:
+    return list(channel.cluster.pods("j").values())
+
+
+def supervised_cluster() -> tuple[FakeCluster, FakeChannel]:
+    cluster = FakeCluster()
+    channel = FakeChannel(cluster)
+    cluster.ctx.supervisors = Supervisors(
+        channel,  # type: ignore[arg-type]
+        cluster,  # type: ignore[arg-type]
+        clock=lambda: cluster.monotonic,
+    )
+    return cluster, channel
+
+
+def job_spec(command: list[str] | None = None, **policy: Any) -> dict[str, Any]:
+    worker: dict[str, Any] = {"name": "worker", "image": "w"}
+    worker["command"] = command if command is not None else ["tpu-worker", "demo"]
+    return {
+        "slice": {"type": "v5p-16"},
+        "template": {"spec": {"containers": [worker]}},
+        "failurePolicy": {"backoffSeconds": 0, **policy},
+    }
+
+
+def start_processes(cluster: FakeCluster, channel: FakeChannel, attempt: int) -> None:
+    """Every pod runs, its supervisor's process of ``attempt`` runs, and it is ready."""
+    cluster.run_pods("j")
+    for index, pod in enumerate(sorted(pods_of(channel), key=lambda p: p["metadata"]["name"])):
+        status = pod["status"]
+        ip = status.setdefault("podIP", f"10.0.0.{index + 1}")
+        status.setdefault(
+            "containerStatuses",
+            [
+                {
+                    "name": contract.WORKER_CONTAINER,
+                    "state": {"running": {"startedAt": stamp(cluster.now)}},
+                }
+            ],
+        )
+        if channel.processes.get(ip, ProcessState("idle", 0)).attempt < attempt:
+            channel.processes[ip] = ProcessState("running", attempt)
+        set_ready(cluster, pod, True)
+
+
+def set_ready(cluster: FakeCluster, pod: dict[str, Any], ready: bool) -> None:
+    """The kubelet's readiness probe result, with the condition's transition time."""
+    conditions = [c for c in pod["status"].get("conditions", []) if c["type"] != "Ready"]
+    conditions.append(
+        {
+            "type": "Ready",
+            "status": "True" if ready else "False",
+            "lastTransitionTime": stamp(cluster.now),
+        }
+    )
+    pod["status"]["conditions"] = conditions
+
+
+def process_exits(cluster: FakeCluster, channel: FakeChannel, name: str, code: int) -> None:
+    """The training process in pod ``name`` ends; the container (supervisor) runs on."""
+    cluster.advance(1)
+    pod = cluster.pods("j")[name]
+    ip = pod["status"]["podIP"]
+    attempt = channel.processes[ip].attempt
+    channel.processes[ip] = ProcessState("exited", attempt, code, "Exited", cluster.now.timestamp())
+    set_ready(cluster, pod, False)
+
+
+def running_job(cluster: FakeCluster, channel: FakeChannel, **policy: Any) -> dict[str, str]:
+    cluster.add_pool("p1", *V5P, hosts=2)
+    cluster.apply_job("j", job_spec(**policy))
+    cluster.settle()
+    start_processes(cluster, channel, 1)
+    cluster.settle()
+    assert cluster.job("j")["status"]["phase"] == "Running"
+    return {n: p["metadata"]["uid"] for n, p in cluster.pods("j").items()}
+
+
+def test_supervised_pods_get_the_probe_port_key_and_their_job_a_secret():
+    cluster, channel = supervised_cluster()
+    running_job(cluster, channel)
+    pod = cluster.pods("j")["j-0-0"]
+    assert pod["metadata"]["annotations"][contract.ANNOTATION_SUPERVISED] == "true"
+    (worker,) = pod["spec"]["containers"]
+    assert worker["readinessProbe"]["httpGet"]["port"] == contract.PORT_NAME_CONTROL
+    assert worker["readinessProbe"]["periodSeconds"] == 1
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env[contract.ENV_CONTROL_PORT] == str(contract.DEFAULT_CONTROL_PORT)
+    assert not any("key" in (e.get("value") or "") for e in worker["env"])  # never in env
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == contract.CONTROL_VOLUME)
+    secrets = [o for k, o in cluster.objects.items() if "/secrets/" in k]
+    assert [s["metadata"]["name"] for s in secrets] == [volume["secret"]["secretName"]]
+    assert secrets[0]["metadata"]["ownerReferences"][0]["kind"] == contract.JOB_KIND
+
+
+def test_a_process_exit_restarts_every_process_in_the_same_pods():
+    cluster, channel = supervised_cluster()
+    uids = running_job(cluster, channel)
+    process_exits(cluster, channel, "j-0-1", 1)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert status["attempt"] == 2
+    assert status["restartKind"] == "InPlace"
+    assert status["lastFailure"]["exitCode"] == 1
+    assert status["lastFailure"]["reason"] == "Failed"
+    assert (status["restarts"], status["countedRestarts"], status["inPlaceRestarts"]) == (1, 1, 1)
+    # the same pods, moved to attempt 2, never deleted; every process of 2 started
+    pods = cluster.pods("j")
+    assert {n: p["metadata"]["uid"] for n, p in pods.items()} == uids
+    assert {p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in pods.values()} == {
+        "2"
+    }
+    assert not any(p["metadata"].get("deletionTimestamp") for p in pods.values())
+    assert sorted(c[0] for c in channel.calls if c[0] != "status") == [
+        "start",
+        "start",
+        "stop",
+        "stop",
+    ]
+    assert channel.starts_saw and all(seen == {"2"} for seen in channel.starts_saw)
+    assert "restarting in place (only training processes stopped" in restarting_event(cluster)
+    # the processes of attempt 2 come up: the job runs again
+    cluster.advance(1)
+    for pod in pods.values():
+        set_ready(cluster, pod, True)
+    cluster.settle()
+    assert cluster.job("j")["status"]["phase"] == "Running"
+
+
+def test_no_start_before_every_pod_of_the_job_carries_the_new_attempt():
+    cluster, channel = supervised_cluster()
+    running_job(cluster, channel)
+    process_exits(cluster, channel, "j-0-0", 1)
+    # One reconcile of the job: it decides and commits, stops and moves the pods, but
+    # its caches still show attempt 1 pods, so nothing is started in that pass.
+    cluster.reconcile_job("j")
+    cluster.reconcile_job("j")
+    starts = [c for c in channel.calls if c[0] == "start"]
+    stops = [c for c in channel.calls if c[0] == "stop"]
+    assert len(stops) == 2
+    assert all(seen == {"2"} for seen in channel.starts_saw)
+    assert len(starts) in (0, 2)
+
+
+def test_a_stall_of_a_live_gang_restarts_in_place():
+    cluster, channel = supervised_cluster()
+    running_job(cluster, channel)
+    views = [pod_view(p) for p in cluster.pods("j").values()]
+    kind, why = restart_kind(
+        supervised=True,
+        mode="Auto",
+        failure=WorkerFailure(Reason.STALLED, "no step", "j-0-0", None, None, None),
+        pods=[v for v in views if v is not None],
+        workers=2,
+    )
+    assert kind == RestartKind.IN_PLACE, why
+
+
+def test_an_evicted_pod_recreates_the_pods():
+    cluster, channel = supervised_cluster()
+    uids = running_job(cluster, channel)
+    cluster.evict_pod("j-0-1")
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["restartKind"]) == (2, "Recreate")
+    assert "by recreating the pods (a pod or its node is gone (Evicted))" in restarting_event(
+        cluster
+    )
+    cluster.confirm_deletions()
+    cluster.settle()
+    new = {n: p["metadata"]["uid"] for n, p in cluster.pods("j").items()}
+    assert new and set(new.values()).isdisjoint(uids.values())
+    assert not [c for c in channel.calls if c[0] in ("stop", "start")]
+
+
+@pytest.mark.parametrize(
+    ("command", "policy", "expected"),
+    [
+        (["python", "train.py"], {}, "does not run tpu-worker"),
+        (["tpu-worker", "demo"], {"restartMode": "Recreate"}, "restartMode is Recreate"),
+    ],
+)
+def test_without_the_supervisor_restarts_recreate(
+    command: list[str], policy: dict[str, Any], expected: str
+):
+    cluster, _ = supervised_cluster()
+    cluster.add_pool("p1", *V5P, hosts=2)
+    cluster.apply_job("j", job_spec(command, **policy))
+    cluster.settle()
+    cluster.run_pods("j")
+    cluster.settle()
+    pod = cluster.pods("j")["j-0-0"]
+    assert contract.ANNOTATION_SUPERVISED not in (pod["metadata"].get("annotations") or {})
+    assert not any("/secrets/" in k for k in cluster.objects)
+    cluster.exit_pod("j-0-1", 1)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["restartKind"]) == (2, "Recreate")
+    assert expected in restarting_event(cluster)
+
+
+def test_a_supervisor_that_does_not_stop_falls_back_to_recreating_the_pods():
+    cluster, channel = supervised_cluster()
+    uids = running_job(cluster, channel)
+    process_exits(cluster, channel, "j-0-0", 1)
+    channel.unreachable.add(cluster.pods("j")["j-0-1"]["status"]["podIP"])
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert status["attempt"] == 3
+    assert status["restartKind"] == "Recreate"
+    assert status["lastFailure"]["reason"] == "SupervisorUnreachable"
+    assert not status["lastFailure"]["counted"]
+    assert status["countedRestarts"] == 1  # the process exit; its fallback is not counted
+    assert all(p["metadata"].get("deletionTimestamp") for p in cluster.pods("j").values())
+    cluster.confirm_deletions()
+    cluster.settle()
+    new = cluster.pods("j")
+    assert len(new) == 2 and {p["metadata"]["uid"] for p in new.values()}.isdisjoint(uids.values())
+    assert {p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in new.values()} == {
+        "3"
+    }
+
+
+def test_an_in_place_restart_that_does_not_come_up_in_time_recreates_the_pods():
+    cluster, channel = supervised_cluster()
+    running_job(cluster, channel, inPlaceTimeoutSeconds=30)
+    process_exits(cluster, channel, "j-0-0", 1)
+    cluster.settle()
+    assert cluster.job("j")["status"]["attempt"] == 2
+    # the processes were started but never become ready
+    cluster.advance(31)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["restartKind"]) == (3, "Recreate")
+    assert status["lastFailure"]["reason"] == "InPlaceRestartTimeout"
+
+
+def test_the_supervisor_that_does_not_answer_ends_the_attempt_after_three_asks():
+    cluster, channel = supervised_cluster()
+    running_job(cluster, channel)
+    pod = cluster.pods("j")["j-0-0"]
+    channel.unreachable.add(pod["status"]["podIP"])
+    process_exits(cluster, channel, "j-0-0", 1)
+    for _ in range(2):
+        cluster.reconcile_job("j")
+        assert cluster.job("j")["status"]["attempt"] == 1
+        cluster.advance(1)
+    cluster.reconcile_job("j")
+    status = cluster.job("j")["status"]
+    assert status["attempt"] == 2
+    assert status["lastFailure"]["reason"] == "SupervisorUnreachable"
+    assert status["restartKind"] == "Recreate"
+
+
+def test_a_readiness_flap_with_the_process_running_is_not_a_failure():
+    cluster, channel = supervised_cluster()
+    running_job(cluster, channel)
+    cluster.advance(1)
+    set_ready(cluster, cluster.pods("j")["j-0-0"], False)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["phase"]) == (1, "Running")
+    asks = [c for c in channel.calls if c[0] == "status"]
+    cluster.settle()
+    assert [c for c in channel.calls if c[0] == "status"] == asks  # asked once per flap
