@@ -1,8 +1,11 @@
-"""Command line: ``python -m localcluster up|down|status|build|kubeconfig|kubectl|fault``.
+"""Command line: ``python -m localcluster up|down|status|build|kubeconfig|kubectl|fault``
+and ``faultproxy``.
 
 ``up`` starts a cluster detached (``--foreground`` holds it until Ctrl-C) in
 ``--dir`` (default ``.localcluster/default``); ``down`` stops it; ``fault`` injects
-faults through the node agent. Exit code 1 with one clear line on a known error.
+faults through the node agent; ``faultproxy`` runs the fault-injecting API proxy
+(:mod:`localcluster.faultproxy`) in the foreground. Exit code 1 with one clear line on a
+known error.
 """
 
 from __future__ import annotations
@@ -114,6 +117,36 @@ def _fault(args: argparse.Namespace) -> int:
     return 0
 
 
+def _faultproxy(args: argparse.Namespace) -> int:
+    import random
+
+    from localcluster import faultproxy
+
+    upstream = args.upstream_kubeconfig or Cluster.attach(args.dir).kubeconfig
+    output = args.kubeconfig or Path(args.dir) / "faultproxy.kubeconfig"
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    try:
+        rates = faultproxy.rates_from(
+            {kind: getattr(args, kind) for kind in faultproxy.FAULT_KINDS}, args.retry_after
+        )
+    except ValueError as error:
+        print(f"localcluster: {error}", file=sys.stderr)
+        return 1
+    proxy = faultproxy.FaultProxy(upstream, output, seed=seed, rates=rates, port=args.port)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with proxy:
+        print(f"export KUBECONFIG={output}")
+        print(
+            f"fault proxy on http://127.0.0.1:{proxy.port} (seed {seed}; {rates.describe()}); "
+            f"stats at http://127.0.0.1:{proxy.port}{faultproxy.STATS_PATH}; Ctrl-C stops it",
+            file=sys.stderr,
+        )
+        stop.wait()
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="python -m localcluster", description=__doc__)
     sub = root.add_subparsers(dest="command", required=True)
@@ -180,6 +213,28 @@ def parser() -> argparse.ArgumentParser:
         if name == "delete-node":
             node_fault.add_argument("--graceful", action="store_true")
     fault.set_defaults(run=_fault)
+
+    proxy = command("faultproxy", "run a fault-injecting proxy in front of the kube-apiserver")
+    proxy.add_argument("--port", type=int, default=0, help="listen port (default: any free)")
+    proxy.add_argument("--seed", type=int, help="schedule seed (default: random, printed)")
+    proxy.add_argument(
+        "--kubeconfig", type=Path, help="kubeconfig to write for clients of the proxy"
+    )
+    proxy.add_argument(
+        "--upstream-kubeconfig", type=Path, help="credentials to forward with (default: admin)"
+    )
+    for kind, text in (
+        ("throttle", "429 TooManyRequests with Retry-After"),
+        ("internal", "500 InternalError"),
+        ("unavailable", "503 ServiceUnavailable"),
+        ("reset", "connection closed without an answer (watches: mid-stream)"),
+        ("expire", "watches: an ERROR event with 410 Expired, then the end of the stream"),
+    ):
+        proxy.add_argument(
+            f"--{kind}", type=float, default=0.0, metavar="RATE", help=f"share of requests: {text}"
+        )
+    proxy.add_argument("--retry-after", type=int, default=1, help="seconds, in each 429")
+    proxy.set_defaults(run=_faultproxy)
     return root
 
 

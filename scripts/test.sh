@@ -20,7 +20,7 @@ echo "[test] control plane and helm binaries (built from Go modules once, then c
 
 sh scripts/ensure-prometheus.sh
 
-echo "[test] pytest: unit, integration, e2e and kueue tiers"
-"$BIN/pytest" -m "unit or integration or e2e or kueue" --durations=20 "$@"
+echo "[test] pytest: unit, integration, e2e, kueue and chaos tiers"
+"$BIN/pytest" -m "unit or integration or e2e or kueue or chaos" --durations=20 "$@"
 
 echo "[test] passed in $(( $(date +%s) - started )) s"

@@ -42,7 +42,7 @@ from localcluster.testing import wait_until as _wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_CLUSTERS = REPO / ".localcluster"
-TIERS = ("unit", "integration", "e2e", "kueue")
+TIERS = ("unit", "integration", "e2e", "kueue", "chaos")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

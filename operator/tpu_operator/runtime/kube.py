@@ -36,13 +36,24 @@ METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v
 class ApiError(Exception):
     """A failed API request: HTTP status, the apiserver's reason and message."""
 
-    def __init__(self, verb: str, path: str, status: int, reason: str, message: str) -> None:
+    def __init__(
+        self,
+        verb: str,
+        path: str,
+        status: int,
+        reason: str,
+        message: str,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(f"{verb} {path}: {status} {reason}: {message}")
         self.verb = verb
         self.path = path
         self.status = status
         self.reason = reason
         self.message = message
+        self.retry_after = retry_after
+        """Seconds the apiserver asked the client to wait (429/503 ``retryAfterSeconds``):
+        the work queue retries no sooner."""
 
     @property
     def not_found(self) -> bool:
@@ -195,7 +206,12 @@ class Kube:
         if status >= 400:
             data = data if isinstance(data, dict) else {}
             raise ApiError(
-                verb, path, status, data.get("reason", ""), data.get("message", str(data))
+                verb,
+                path,
+                status,
+                data.get("reason", ""),
+                data.get("message", str(data)),
+                retry_after=retry_after(data),
             )
         return data
 
@@ -282,6 +298,16 @@ def _transport_error(exc: BaseException) -> tuple[str, str]:
     text = str(cause)
     errno = re.search(r"\[Errno -?\d+\] [^'\")]+", text)
     return type(cause).__name__, errno.group(0) if errno else text
+
+
+def retry_after(status: Mapping[str, Any]) -> float | None:
+    """``details.retryAfterSeconds`` of a failure Status (API Priority and Fairness sends it
+    with every 429, beside the ``Retry-After`` header), else None."""
+    details = status.get("details")
+    seconds = details.get("retryAfterSeconds") if isinstance(details, Mapping) else None
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0:
+        return float(seconds)
+    return None
 
 
 def _decode(raw: object) -> Any:

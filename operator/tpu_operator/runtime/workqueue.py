@@ -3,7 +3,8 @@
 Watch events only say "look at this key again"; a burst of events for one key collapses
 into one reconcile, a key that changes while it is being reconciled runs once more after,
 and a reconcile can ask to run again after a delay (restart backoff, deadlines, TTLs).
-Failures are retried per key with exponential backoff. The same pattern as
+Failures are retried per key with exponential backoff (never sooner than an API error's
+Retry-After). The same pattern as
 controller-runtime's rate-limited queue, in asyncio.
 
 ``min_interval`` spaces the reconciles of one key: an event within that time after the
@@ -36,6 +37,16 @@ Handler = Callable[[K], Awaitable[float | None]]
 Observer = Callable[[str, float, bool], None]
 
 log = logging.getLogger(__name__)
+
+
+def retry_delay(
+    failures: int, base: float, maximum: float, retry_after: float | None = None
+) -> float:
+    """Seconds before the next attempt of a key that failed ``failures`` times in a row:
+    exponential from ``base`` up to ``maximum``, and never sooner than the apiserver's
+    Retry-After (a 429 of API Priority and Fairness), as client-go's clients wait."""
+    delay = min(base * 2 ** (failures - 1), maximum)
+    return max(delay, min(retry_after or 0.0, maximum))
 
 
 class WorkQueue(Generic[K]):
@@ -143,7 +154,9 @@ class WorkQueue(Generic[K]):
                 ok = False
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
-                delay = min(self._base_retry * 2 ** (failures - 1), self._max_retry)
+                delay = retry_delay(
+                    failures, self._base_retry, self._max_retry, getattr(exc, "retry_after", None)
+                )
                 if isinstance(exc, self._quiet):
                     log.warning(
                         "%s %s: reconcile failed (%s); retrying in %.1f s",
