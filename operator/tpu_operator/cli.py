@@ -123,8 +123,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--in-place-restarts",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="restart gangs in place where the workers run the supervisor",
+        default=True,
+        help="restart gangs in place where the workers run tpu-worker's supervisor "
+        "(docs/api.md); --no-in-place-restarts: always recreate the pods",
     )
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("-v", "--verbose", action="store_true", help="debug logging")

@@ -200,7 +200,9 @@ CAN = [
     ("delete", "tpujobs.tpu-operator.dev", "-n=default"),
     ("create", "tpuslices.tpu-operator.dev", "-n=default"),
     ("create", "pods", "-n=default"),
+    ("patch", "pods", "-n=default"),
     ("deletecollection", "pods", "-n=default"),
+    ("create", "secrets", "-n=default"),
     ("create", "services", "-n=default"),
     ("create", "events", "-n=default"),
     ("watch", "nodes", ""),
@@ -211,6 +213,8 @@ CAN = [
 CANNOT = [
     ("get", "secrets", "--all-namespaces"),
     ("list", "secrets", "-n=kube-system"),
+    ("update", "secrets", "-n=default"),
+    ("delete", "secrets", "-n=default"),
     ("get", "configmaps", "-n=default"),
     ("create", "tpujobs.tpu-operator.dev", "-n=default"),
     ("update", "tpujobs.tpu-operator.dev", "-n=default"),

@@ -258,3 +258,37 @@ def test_supervisors_that_do_not_answer_the_operator_lead_to_recreation(
         running_operator.kill()
         running_operator.extra_args = original
         running_operator.start()
+
+
+def test_the_operator_killed_during_an_in_place_restart_converges(tpu, namespace, running_operator):
+    manifest, _ = demo_job(
+        namespace,
+        "interrupted",
+        "--steps=100000",
+        env={
+            contract.ENV_DEMO_EXIT_AT_STEP: "12",
+            contract.ENV_DEMO_EXIT_PROCESSES: "0",
+            contract.ENV_DEMO_FAULT_ATTEMPTS: "1",
+        },
+    )
+    tpu.apply(manifest)
+    running_attempt(tpu, namespace, "interrupted", 1)
+    before = identities(tpu, namespace)
+    # SIGKILL the moment the restart is committed: mid stop/relabel/start
+    wait_until(
+        lambda: tpu.status(namespace, "interrupted").get("attempt") == 2,
+        timeout=120,
+        interval=0.05,
+        message="the in-place restart to be committed",
+    )
+    running_operator.kill()
+    labels = {p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in tpu.pods(namespace)}
+    running_operator.start()
+    status = running_attempt(tpu, namespace, "interrupted", 2)
+    assert (status["restarts"], status["countedRestarts"], status["restartKind"]) == (
+        1,
+        1,
+        "InPlace",
+    ), f"pod attempt labels when killed: {labels}"
+    assert identities(tpu, namespace) == before
+    assert "Traceback" not in running_operator.tail(400)

@@ -105,14 +105,19 @@ def supervised_cluster() -> tuple[FakeCluster, FakeChannel]:
     return cluster, channel
 
 
-def job_spec(command: list[str] | None = None, **policy: Any) -> dict[str, Any]:
+def job_spec(
+    command: list[str] | None = None, monitoring: dict[str, Any] | None = None, **policy: Any
+) -> dict[str, Any]:
     worker: dict[str, Any] = {"name": "worker", "image": "w"}
     worker["command"] = command if command is not None else ["tpu-worker", "demo"]
-    return {
+    spec = {
         "slice": {"type": "v5p-16"},
         "template": {"spec": {"containers": [worker]}},
         "failurePolicy": {"backoffSeconds": 0, **policy},
     }
+    if monitoring is not None:
+        spec["monitoring"] = monitoring
+    return spec
 
 
 def start_processes(cluster: FakeCluster, channel: FakeChannel, attempt: int) -> None:
@@ -158,9 +163,14 @@ def process_exits(cluster: FakeCluster, channel: FakeChannel, name: str, code: i
     set_ready(cluster, pod, False)
 
 
-def running_job(cluster: FakeCluster, channel: FakeChannel, **policy: Any) -> dict[str, str]:
+def running_job(
+    cluster: FakeCluster,
+    channel: FakeChannel,
+    monitoring: dict[str, Any] | None = None,
+    **policy: Any,
+) -> dict[str, str]:
     cluster.add_pool("p1", *V5P, hosts=2)
-    cluster.apply_job("j", job_spec(**policy))
+    cluster.apply_job("j", job_spec(monitoring=monitoring, **policy))
     cluster.settle()
     start_processes(cluster, channel, 1)
     cluster.settle()
@@ -199,9 +209,7 @@ def test_a_process_exit_restarts_every_process_in_the_same_pods():
     # the same pods, moved to attempt 2, never deleted; every process of 2 started
     pods = cluster.pods("j")
     assert {n: p["metadata"]["uid"] for n, p in pods.items()} == uids
-    assert {p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in pods.values()} == {
-        "2"
-    }
+    assert {p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in pods.values()} == {"2"}
     assert not any(p["metadata"].get("deletionTimestamp") for p in pods.values())
     assert sorted(c[0] for c in channel.calls if c[0] != "status") == [
         "start",
@@ -308,9 +316,7 @@ def test_a_supervisor_that_does_not_stop_falls_back_to_recreating_the_pods():
     cluster.settle()
     new = cluster.pods("j")
     assert len(new) == 2 and {p["metadata"]["uid"] for p in new.values()}.isdisjoint(uids.values())
-    assert {p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in new.values()} == {
-        "3"
-    }
+    assert {p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in new.values()} == {"3"}
 
 
 def test_an_in_place_restart_that_does_not_come_up_in_time_recreates_the_pods():
@@ -355,3 +361,82 @@ def test_a_readiness_flap_with_the_process_running_is_not_a_failure():
     asks = [c for c in channel.calls if c[0] == "status"]
     cluster.settle()
     assert [c for c in channel.calls if c[0] == "status"] == asks  # asked once per flap
+
+
+def test_an_echo_failure_waits_for_the_first_failures_report():
+    cluster, channel = supervised_cluster()
+    running_job(cluster, channel)
+    # worker 0 ends because its peer died (75) and is noticed first; worker 1's own
+    # exit (1) shows a probe period later
+    process_exits(cluster, channel, "j-0-0", 75)
+    cluster.reconcile_job("j")
+    assert cluster.job("j")["status"]["attempt"] == 1  # waiting for the cause
+    process_exits(cluster, channel, "j-0-1", 1)
+    channel.processes[cluster.pods("j")["j-0-1"]["status"]["podIP"]] = ProcessState(
+        "exited", 1, 1, "Exited", cluster.now.timestamp() - 1.0
+    )
+    cluster.settle()
+    failure = cluster.job("j")["status"]["lastFailure"]
+    assert (failure["pod"], failure["exitCode"]) == ("j-0-1", 1)
+
+
+def test_an_echo_failure_alone_restarts_after_the_wait():
+    cluster, channel = supervised_cluster()
+    running_job(cluster, channel)
+    process_exits(cluster, channel, "j-0-0", 75)
+    cluster.reconcile_job("j")
+    assert cluster.job("j")["status"]["attempt"] == 1
+    cluster.advance(3)
+    cluster.settle()
+    failure = cluster.job("j")["status"]["lastFailure"]
+    assert (failure["pod"], failure["exitCode"]) == ("j-0-0", 75)
+    assert cluster.job("j")["status"]["restartKind"] == "InPlace"
+
+
+class Checkpoints(FakeChannel):
+    def __init__(self, cluster: FakeCluster) -> None:
+        super().__init__(cluster)
+        self.asked: list[tuple[str, str]] = []
+
+    async def checkpoint(
+        self, job_uid: str, ip: str | None, attempt: int, request_id: str
+    ) -> ProcessState:
+        assert ip is not None
+        self.asked.append((ip, request_id))
+        return self.processes[ip]
+
+
+def test_a_maintenance_notice_asks_every_worker_to_checkpoint_once():
+    cluster = FakeCluster()
+    channel = Checkpoints(cluster)
+    cluster.ctx.supervisors = Supervisors(
+        channel,  # type: ignore[arg-type]
+        cluster,  # type: ignore[arg-type]
+        clock=lambda: cluster.monotonic,
+    )
+    running_job(cluster, channel, monitoring={"enabled": False})
+    node = cluster.pods("j")["j-0-0"]["spec"]["nodeName"]
+    cluster.objects[f"/api/v1/nodes/{node}"]["metadata"]["labels"][
+        "cloud.google.com/scheduled-maintenance-time"
+    ] = "1795399137"
+    cluster.advance(1)
+    cluster.settle()
+    assert len(channel.asked) == 2 and len({r for _, r in channel.asked}) == 1
+    status = cluster.job("j")["status"]
+    assert status["checkpointRequests"] == 1
+    assert status["disruptionNotices"] == [
+        f"node {node}: maintenance scheduled at 1795399137 "
+        "(cloud.google.com/scheduled-maintenance-time)"
+    ]
+    assert cluster.recorded.reasons("j").count("CheckpointRequested") == 1
+    cluster.advance(5)
+    cluster.settle()
+    assert len(channel.asked) == 2  # once per notice
+    # the taint GKE's maintenance handler sets before terminating the node: a new notice
+    cluster.objects[f"/api/v1/nodes/{node}"].setdefault("spec", {})["taints"] = [
+        {"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}
+    ]
+    cluster.advance(1)
+    cluster.settle()
+    assert len(channel.asked) == 4
+    assert cluster.job("j")["status"]["checkpointRequests"] == 2

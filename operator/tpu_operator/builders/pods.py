@@ -20,6 +20,10 @@ Merge rules between the user's pod template and what the operator sets:
   names, which the CRD forbids in templates; a numeric ``TPU_PROCESS_PORT`` also moves
   ``TPU_PROCESS_ADDRESSES`` to that port), and the named ports ``coordinator`` and
   ``metrics`` unless the template already declares those names or port numbers.
+- A supervised worker (in-place restarts, ``builders/supervision.py``) also gets the
+  ``control`` port and ``TPU_OPERATOR_CONTROL_PORT``, a readiness probe on the
+  supervisor's ``/readyz`` (replacing the template's), the job's control key mounted from
+  its Secret, and the ``tpu-operator.dev/supervised`` annotation.
 - With ``hostNetwork: true`` the DNS policy defaults to ``ClusterFirstWithHostNet``.
 - Everything else in the template (other containers, volumes, service account, affinity,
   priority, scheduler name, grace period ...) passes through unchanged.

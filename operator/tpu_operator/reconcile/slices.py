@@ -2,7 +2,8 @@
 
 Rules, applied on every reconcile from the watch caches (level-triggered):
 
-1. Pods of any other attempt are deleted.
+1. Pods of any other attempt are deleted, except those the job restarts in place into
+   the current attempt (``spec.inPlaceFrom``: the job stops, relabels and restarts them).
 2. Pods of the current attempt are created only when no pod of an older attempt is left
    anywhere in the gang (every slice of the job, for a job-owned slice), and not before
    the restart backoff ends: no straggler of attempt N ever meets attempt N+1.

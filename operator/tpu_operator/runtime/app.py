@@ -65,7 +65,7 @@ class OperatorConfig:
     (docs/kueue.md); needs Kueue's CRDs."""
     default_provisioning: str = "ExistingPools"
     """spec.placement.provisioning of the objects that leave it unset."""
-    in_place_restarts: bool = False
+    in_place_restarts: bool = True
     """Restart gangs in place where the workers run the supervisor (docs/api.md)."""
     control_key_file: str | None = None
     """The master key of the control channel to the supervisors (every replica must read
