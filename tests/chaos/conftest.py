@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from localcluster import Cluster
-from localcluster.testing import wait_until
-from tests.operator.support import Api, install_crds
+from tests.operator.support import Api, install_crds, scratch_namespace
 
 SEED = int(os.environ.get("TPU_CHAOS_SEED") or random.SystemRandom().randrange(2**31))
 GRACE_SECONDS = 60.0
@@ -64,14 +63,4 @@ def seed(request: pytest.FixtureRequest) -> int:
 
 @pytest.fixture
 def chaos_namespace(tpu: Api) -> Iterator[str]:
-    name = f"chaos-{uuid.uuid4().hex[:6]}"
-    tpu.raw.call("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
-    wait_until(
-        lambda: (
-            tpu.raw.request("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")[0] == 200
-        ),
-        timeout=30,
-        message=f"the default ServiceAccount of {name}",
-    )
-    yield name
-    tpu.raw.request("DELETE", f"/api/v1/namespaces/{name}")
+    yield from scratch_namespace(tpu, f"chaos-{uuid.uuid4().hex[:6]}")

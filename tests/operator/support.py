@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +253,21 @@ class PodAttemptRecorder:
             if len(set(alive.values())) > 1:
                 self.overlaps.append((time.monotonic(), alive))
             time.sleep(0.05)
+
+
+def scratch_namespace(api: Api, name: str) -> Iterator[str]:
+    """A namespace of its own for one test (as a fixture body): created, its default
+    ServiceAccount waited for (pods need it), deleted afterwards."""
+    api.raw.call("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    wait_until(
+        lambda: (
+            api.raw.request("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")[0] == 200
+        ),
+        timeout=30,
+        message=f"the default ServiceAccount of {name}",
+    )
+    yield name
+    api.raw.request("DELETE", f"/api/v1/namespaces/{name}")
 
 
 def install_crds(cluster: Cluster) -> None:

@@ -58,6 +58,15 @@ def demo_job(namespace: str, name: str, *args: str, env: dict[str, str] | None =
     }, directory
 
 
+def exits_once(*, step: int, process: int) -> dict[str, str]:
+    """Demo env: global process ``process`` exits 1 before ``step``, in attempt 1 only."""
+    return {
+        contract.ENV_DEMO_EXIT_AT_STEP: str(step),
+        contract.ENV_DEMO_EXIT_PROCESSES: str(process),
+        contract.ENV_DEMO_FAULT_ATTEMPTS: "1",
+    }
+
+
 def identities(tpu: Api, namespace: str) -> dict[str, tuple[str, str]]:
     return {
         p["metadata"]["name"]: (p["metadata"]["uid"], p["status"].get("podIP", ""))
@@ -86,11 +95,7 @@ def test_a_worker_exit_restarts_every_process_in_the_same_pods(tpu, namespace, r
         namespace,
         "inplace",
         "--steps=100000",
-        env={
-            contract.ENV_DEMO_EXIT_AT_STEP: "12",
-            contract.ENV_DEMO_EXIT_PROCESSES: "1",
-            contract.ENV_DEMO_FAULT_ATTEMPTS: "1",
-        },
+        env=exits_once(step=12, process=1),
     )
     tpu.apply(manifest)
     first = running_attempt(tpu, namespace, "inplace", 1)
@@ -235,11 +240,7 @@ def test_supervisors_that_do_not_answer_the_operator_lead_to_recreation(
         namespace,
         "strangers",
         "--steps=100000",
-        env={
-            contract.ENV_DEMO_EXIT_AT_STEP: "15",
-            contract.ENV_DEMO_EXIT_PROCESSES: "1",
-            contract.ENV_DEMO_FAULT_ATTEMPTS: "1",
-        },
+        env=exits_once(step=15, process=1),
     )
     tpu.apply(manifest)
     running_attempt(tpu, namespace, "strangers", 1)
@@ -265,11 +266,7 @@ def test_the_operator_killed_during_an_in_place_restart_converges(tpu, namespace
         namespace,
         "interrupted",
         "--steps=100000",
-        env={
-            contract.ENV_DEMO_EXIT_AT_STEP: "12",
-            contract.ENV_DEMO_EXIT_PROCESSES: "0",
-            contract.ENV_DEMO_FAULT_ATTEMPTS: "1",
-        },
+        env=exits_once(step=12, process=0),
     )
     tpu.apply(manifest)
     running_attempt(tpu, namespace, "interrupted", 1)

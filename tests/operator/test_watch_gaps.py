@@ -34,7 +34,13 @@ import pytest
 from localcluster import Cluster
 from localcluster.pools import Pool, Simulate
 from localcluster.testing import wait_until
-from tests.operator.support import Api, OperatorProcess, install_crds, job_manifest
+from tests.operator.support import (
+    Api,
+    OperatorProcess,
+    install_crds,
+    job_manifest,
+    scratch_namespace,
+)
 from tpu_operator import contract
 
 pytestmark = pytest.mark.integration
@@ -99,17 +105,9 @@ def tpu(gap_cluster: Cluster) -> Api:
 
 @pytest.fixture
 def gap_namespace(request: pytest.FixtureRequest, tpu: Api) -> Iterator[str]:
-    name = f"gaps-{request.node.name.split('_')[1]}-{os.urandom(3).hex()}"
-    tpu.raw.call("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
-    wait_until(
-        lambda: (
-            tpu.raw.request("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")[0] == 200
-        ),
-        timeout=30,
-        message=f"the default ServiceAccount of {name}",
+    yield from scratch_namespace(
+        tpu, f"gaps-{request.node.name.split('_')[1]}-{os.urandom(3).hex()}"
     )
-    yield name
-    tpu.raw.request("DELETE", f"/api/v1/namespaces/{name}")
 
 
 def _workers(pods: list[dict[str, Any]]) -> list[tuple[int, str]]:

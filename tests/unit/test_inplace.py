@@ -18,9 +18,9 @@ from tpu_operator import contract
 from tpu_operator.api.status import Reason, RestartKind
 from tpu_operator.controllers import pod_view
 from tpu_operator.decisions import restart_kind
-from tpu_operator.state.gang import WorkerFailure
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime.control import ControlError, ProcessState
+from tpu_operator.state.gang import WorkerFailure
 
 pytestmark = pytest.mark.unit
 
