@@ -8,6 +8,7 @@ import signal
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from tpu_worker.supervisor import (
     decide_stop,
     exit_code,
     exit_reason,
+    is_ready,
     status_of,
     supervising,
 )
@@ -264,3 +266,14 @@ def test_readiness_is_open_and_says_nothing_more(served: tuple[RecordingControll
     with pytest.raises(urllib.error.HTTPError) as error:
         urllib.request.urlopen(url + sv.STATUS_PATH, timeout=30)
     assert error.value.code == 401
+
+
+def test_readiness_holds_across_the_operators_own_stop_only() -> None:
+    running = Child(attempt=1, pid=10, started_at=0.0)
+    ended = Child(attempt=1, pid=10, started_at=0.0, returncode=1, exited_at=5.0)
+    assert is_ready(running, None, 1.0)
+    assert not is_ready(ended, None, 6.0)  # ended on its own: the operator must notice
+    assert not is_ready(replace(running, stopping=True), None, 6.0)
+    assert is_ready(ended, 65.0, 6.0)  # stopped on command, the next start is coming
+    assert not is_ready(ended, 65.0, 66.0)  # no start came: NotReady after all
+    assert not is_ready(None, None, 0.0)

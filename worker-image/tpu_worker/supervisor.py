@@ -39,6 +39,9 @@ log = logging.getLogger("tpu_worker.supervisor")
 
 # Seconds the supervisor waits for its child beyond the child's termination grace.
 STOP_MARGIN_S = 10.0
+# Seconds readiness stays up after the operator's stop command while it starts the next
+# attempt (in-place restart); past this the pod shows NotReady like any stopped process.
+COMMANDED_HOLD_S = 60.0
 # Checkpoint request ids remembered (for idempotency) per supervisor.
 MAX_CHECKPOINT_IDS = 100
 _PR_SET_PDEATHSIG = 1
@@ -157,6 +160,17 @@ def key_path(env: Mapping[str, str]) -> Path:
     return Path(override or f"{contract.CONTROL_KEY_DIR}/{contract.CONTROL_KEY_FILE}")
 
 
+def is_ready(child: Child | None, held_until: float | None, now: float) -> bool:
+    """The readiness the operator's probe reads: the training process runs, or the
+    operator itself stopped it (``held_until``: a stop command, until the start of the next
+    attempt or the hold runs out). A process that ends on its own turns the pod NotReady,
+    which is how the operator learns of it; its own stop -> start does not flip readiness
+    (two status writes per pod saved at every in-place restart)."""
+    if held_until is not None and now < held_until:
+        return True
+    return child is not None and child.running and not child.stopping
+
+
 def attempt_of(env: Mapping[str, str]) -> int:
     try:
         return max(0, int(env.get(contract.ENV_RESTART_ATTEMPT, "0") or 0))
@@ -191,12 +205,13 @@ class Supervisor:
         self._checkpoints: list[str] = []
         self._terminating = False
         self._pending: tuple[int, dict[str, str]] | None = None  # a start for the main thread
+        self._held_until: float | None = None  # readiness held across a commanded stop
 
     # -- queries (any thread) --
 
     def ready(self) -> bool:
         with self._lock:
-            return self._child is not None and self._child.running and not self._child.stopping
+            return is_ready(self._child, self._held_until, time.monotonic())
 
     def status(self) -> sv.SupervisorStatus:
         with self._lock:
@@ -239,6 +254,7 @@ class Supervisor:
                 return 409, status_of(self._child, self._checkpoints)
             if action is Action.NOTHING:
                 return 200, status_of(self._child, self._checkpoints)
+            self._held_until = time.monotonic() + COMMANDED_HOLD_S
         self._stop_child(request.grace_seconds, f"stop command for attempt {request.attempt}")
         return 200, self.status()
 
@@ -261,6 +277,7 @@ class Supervisor:
         env = child_env(self._env, overrides)
         popen = subprocess.Popen(child_argv(self._argv), env=env, start_new_session=True)
         self._popen = popen
+        self._held_until = None
         self._child = Child(attempt=attempt, pid=popen.pid, started_at=time.time())
         log.info("started the training process of attempt %d: pid %d", attempt, popen.pid)
         threading.Thread(

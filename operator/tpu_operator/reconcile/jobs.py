@@ -290,9 +290,11 @@ class JobRun:
         supervisors = self.ctx.supervisors
         if supervisors is None or self.status.phase in TERMINAL_PHASES:
             return
-        if not any(p.process_stopped for p in self.pods):
+        # Pods of older attempts are being stopped by an in-place restart: nothing to ask.
+        current = [p for p in self.pods if p.attempt >= self.status.attempt]
+        if not any(p.process_stopped for p in current):
             return
-        self.reports, retry = await supervisors.observe(self.body["metadata"]["uid"], self.pods)
+        self.reports, retry = await supervisors.observe(self.body["metadata"]["uid"], current)
         if retry is not None:
             self._after(retry)
 

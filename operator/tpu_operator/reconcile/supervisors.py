@@ -83,9 +83,12 @@ class Supervisors:
     clock: object = time.monotonic
     _asked: dict[str, _Asked] = field(default_factory=dict)
     _started: dict[tuple[str, int], set[str]] = field(default_factory=dict)
+    _stopped: dict[tuple[str, int], set[str]] = field(default_factory=dict)
+    """Pods (UIDs) whose supervisor confirmed no process older than the restart's attempt
+    runs, per restart."""
     _moved: dict[tuple[str, int], set[str]] = field(default_factory=dict)
-    """Pods (UIDs) whose process was stopped and whose label was moved, per restart (the
-    caches may still show the old label for a moment)."""
+    """Pods (UIDs) relabelled to the restart's attempt (the caches may still show the old
+    label for a moment)."""
     _fallbacks: dict[tuple[str, int], str] = field(default_factory=dict)
 
     def _now(self) -> float:
@@ -172,31 +175,92 @@ class Supervisors:
         grace_seconds: float,
         may_start: bool,
     ) -> bool:
-        """One pass of the in-place restart into ``attempt``; True once every process of
-        ``attempt`` was told to start."""
-        moved = _current(self._moved, job_uid, attempt)
-        older = [p for p in pods if p.attempt < attempt and p.uid not in moved]
+        """One pass of the in-place restart into ``attempt``; True once every pod carries
+        ``attempt`` and its supervisor was told to start it.
+
+        The barrier: no start before every pod's supervisor confirmed that no process of
+        an older attempt runs there (a stop is answered once the process has ended). Then
+        the starts and the relabelling go out together: the label is the durable record
+        for the next reconcile (or operator), the starts are what the workers wait for.
+        """
+        stopped = _current(self._stopped, job_uid, attempt)
+        older = [p for p in pods if p.attempt < attempt and p.uid not in stopped]
         if any(p.deleting for p in older):
             return False  # recreated by its slice once gone, with the new attempt's env
         if older:
-            await self._stop_and_move(job_uid, namespace, older, attempt, grace_seconds)
+            await self._stop(job_uid, older, attempt, grace_seconds)
             if self.fallback(job_uid, attempt) is not None:
                 return False
-        if not may_start or any(p.attempt != attempt and p.uid not in moved for p in pods):
+        if any(p.attempt < attempt and p.uid not in stopped for p in pods):
             return False
+        moved = _current(self._moved, job_uid, attempt)
+        relabel = [p for p in pods if p.attempt < attempt and p.uid not in moved]
         started = _current(self._started, job_uid, attempt)
         # Readiness cannot tell: a stopped process's pod may still show Ready for up to a
         # probe period. A start for a process that runs is answered without effect.
-        todo = [p for p in pods if p.uid not in started]
-        if not todo:
-            return True
+        todo = [p for p in pods if p.uid not in started] if may_start else []
+        await asyncio.gather(
+            self._relabel(namespace, relabel, attempt, moved),
+            self._start(job_uid, todo, attempt, started),
+        )
+        return all(p.uid in started for p in pods) and all(
+            p.attempt >= attempt or p.uid in moved for p in pods
+        )
+
+    async def _stop(self, job_uid: str, pods: list[PodView], attempt: int, grace: float) -> None:
+        """Stop every process older than ``attempt`` in ``pods``; record the confirmed."""
+        stopped = _current(self._stopped, job_uid, attempt)
+        results = await asyncio.gather(
+            *(self.channel.stop(job_uid, p.pod_ip, attempt - 1, grace) for p in pods),
+            return_exceptions=True,
+        )
+        for pod, result in zip(pods, results, strict=True):
+            if isinstance(result, ProcessState):
+                stopped.add(pod.uid)
+                continue
+            if not isinstance(result, ControlError):
+                raise result
+            newer = result.state
+            if result.conflict and newer is not None and newer.attempt >= attempt:
+                # This restart already started it there (an earlier pass or operator).
+                stopped.add(pod.uid)
+                continue
+            message = f"pod {pod.name}: its supervisor did not stop the training process: {result}"
+            log.warning("in-place restart into attempt %d: %s", attempt, message)
+            self._fallbacks.setdefault((job_uid, attempt), message)
+
+    async def _relabel(
+        self, namespace: str, pods: list[PodView], attempt: int, moved: set[str]
+    ) -> None:
+        async def relabel(pod: PodView) -> None:
+            try:
+                await self.kube.merge_patch(
+                    namespaced(namespace, "pods", pod.name),
+                    {
+                        "metadata": {
+                            "uid": pod.uid,
+                            "labels": {contract.LABEL_RESTART_ATTEMPT: str(attempt)},
+                        }
+                    },
+                )
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+                return  # gone: its slice creates it again, for this attempt
+            moved.add(pod.uid)
+
+        await asyncio.gather(*(relabel(p) for p in pods))
+
+    async def _start(
+        self, job_uid: str, pods: list[PodView], attempt: int, started: set[str]
+    ) -> None:
         env = {contract.ENV_RESTART_ATTEMPT: str(attempt)}
         results = await asyncio.gather(
-            *(self.channel.start(job_uid, p.pod_ip, attempt, env) for p in todo),
+            *(self.channel.start(job_uid, p.pod_ip, attempt, env) for p in pods),
             return_exceptions=True,
         )
         now = self._now()
-        for pod, result in zip(todo, results, strict=True):
+        for pod, result in zip(pods, results, strict=True):
             if isinstance(result, ProcessState):
                 started.add(pod.uid)
                 # The answer is the latest word on the process: no need to ask again.
@@ -208,45 +272,6 @@ class Supervisors:
                 asked.report = ProcessReport(attempt=attempt, unreachable=str(result))
                 asked.at = now
             else:
-                raise result
-        return all(p.uid in started for p in pods)
-
-    async def _stop_and_move(
-        self, job_uid: str, namespace: str, pods: list[PodView], attempt: int, grace: float
-    ) -> None:
-        moved = _current(self._moved, job_uid, attempt)
-
-        async def stop_and_move(pod: PodView) -> None:
-            try:
-                await self.channel.stop(job_uid, pod.pod_ip, attempt - 1, grace)
-            except ControlError as exc:
-                if not exc.conflict:
-                    raise
-                # A newer process than attempt - 1 runs there: never stop it, never move.
-                raise ControlError(f"pod {pod.name} runs a newer attempt: {exc}") from None
-            await self.kube.merge_patch(
-                namespaced(namespace, "pods", pod.name),
-                {
-                    "metadata": {
-                        "uid": pod.uid,
-                        "labels": {contract.LABEL_RESTART_ATTEMPT: str(attempt)},
-                    }
-                },
-            )
-            moved.add(pod.uid)
-
-        results = await asyncio.gather(*(stop_and_move(p) for p in pods), return_exceptions=True)
-        for pod, result in zip(pods, results, strict=True):
-            if isinstance(result, ControlError):
-                message = (
-                    f"pod {pod.name}: its supervisor did not stop the training process: {result}"
-                )
-                log.warning("in-place restart into attempt %d: %s", attempt, message)
-                self._fallbacks.setdefault((job_uid, attempt), message)
-            elif isinstance(result, ApiError):
-                if not result.not_found:
-                    raise result
-            elif isinstance(result, BaseException):
                 raise result
 
     async def checkpoint(

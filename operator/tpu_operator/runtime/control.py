@@ -11,6 +11,7 @@ sends them again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -34,9 +35,13 @@ KEY_BYTES = 32
 class ControlError(Exception):
     """A supervisor could not be asked, or refused: ``conflict`` for its 409 guards."""
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, state: ProcessState | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
+        self.state = state
+        """The supervisor's status, when it refused with one (409)."""
 
     @property
     def conflict(self) -> bool:
@@ -150,9 +155,14 @@ class ControlChannel:
                     text = await response.text()
                     if response.status == 200:
                         return ProcessState.parse(json.loads(text))
+                    state = None
+                    if response.status == 409:
+                        with contextlib.suppress(ValueError, ControlError):
+                            state = ProcessState.parse(json.loads(text))
                     raise ControlError(
                         f"{method} {path}: HTTP {response.status}: {text.strip()[:200]}",
                         status=response.status,
+                        state=state,
                     )
             except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
                 raise ControlError(
