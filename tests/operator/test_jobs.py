@@ -95,11 +95,17 @@ def test_multislice_places_each_slice_in_its_own_pool(tpu, namespace, running_op
         )
         assert env[contract.ENV_PROCESS_ID] == str(process_id)
     assert by_slice == {"0": {status["nodePools"][0]}, "1": {status["nodePools"][1]}}
-    slices = {s["metadata"]["name"]: s["status"] for s in tpu.slices(namespace)}
-    assert {n: s["phase"] for n, s in slices.items()} == {
-        "multi-0": "Running",
-        "multi-1": "Running",
-    }
+
+    # Each TPUSlice's status is written by its own reconcile, so it may trail the
+    # job's by an event; it must get there on its own.
+    def slice_phases() -> dict[str, str]:
+        return {
+            s["metadata"]["name"]: s.get("status", {}).get("phase", "")
+            for s in tpu.slices(namespace)
+        }
+
+    wait_until(lambda: all(p == "Running" for p in slice_phases().values()), timeout=30)
+    assert slice_phases() == {"multi-0": "Running", "multi-1": "Running"}
     # The pools are held: a second multislice job waits and says why.
     tpu.apply(job_manifest("second", namespace, {"type": "v5p-16"}, "true", numSlices=2))
     waiting = wait_until(
