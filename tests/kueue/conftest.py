@@ -55,25 +55,56 @@ def tpu(cluster) -> Api:
 
 @pytest.fixture
 def queue(cluster, kueue: Kueue, namespace: str) -> Iterator[Callable[..., str]]:
-    """``queue(chips=None, preemption=True)``: a ClusterQueue for this test's namespace only
-    and a LocalQueue ``tpu`` in it; returns the ClusterQueue's name."""
+    """``queue(chips=None, preemption=True, topology=True, flavor=None)``: a ClusterQueue
+    for this test's namespace only and a LocalQueue ``tpu`` in it; returns the
+    ClusterQueue's name. ``flavor(name, spec)`` may change a ResourceFlavor's spec and
+    returns its new name (flavors are cluster-wide: a changed one needs a name of its
+    own) or None to leave that flavor out."""
     made: list[str] = []
+    flavors: list[str] = []
 
-    def make(chips: int | None = None, **options: Any) -> str:
+    def make(
+        chips: int | None = None,
+        *,
+        topology: bool = True,
+        flavor: Callable[[str, dict[str, Any]], str | None] | None = None,
+        **options: Any,
+    ) -> str:
         name = f"cq-{namespace}"[:63]
         docs = tpu_queues(
             default_pools(),
             cluster_queue=name,
             namespaces=[namespace],
             chips=chips,
-            topology=True,
+            topology=topology,
             **options,
         )
+        renamed: dict[str, str | None] = {}
+        if flavor is not None:
+            kept = []
+            for doc in docs:
+                if doc["kind"] == "ResourceFlavor":
+                    old = doc["metadata"]["name"]
+                    new = renamed[old] = flavor(old, doc["spec"])
+                    if new is None:
+                        continue
+                    if new != old:
+                        doc["metadata"]["name"] = new
+                        flavors.append(new)  # this test's own: deleted with its queue
+                kept.append(doc)
+            docs = kept
         for doc in docs:
             if doc["kind"] == "ClusterQueue":
                 doc["spec"]["namespaceSelector"] = {
                     "matchLabels": {"kubernetes.io/metadata.name": namespace}
                 }
+                if flavor is not None:
+                    for group in doc["spec"]["resourceGroups"]:
+                        group["flavors"] = [
+                            {**f, "name": renamed[f["name"]]}
+                            for f in group["flavors"]
+                            if renamed.get(f["name"]) is not None
+                        ]
         kueue.apply(docs)
         made.append(name)
         return name
@@ -81,3 +112,5 @@ def queue(cluster, kueue: Kueue, namespace: str) -> Iterator[Callable[..., str]]
     yield make
     for name in made:
         cluster.kubectl("delete", "clusterqueue", name, "--ignore-not-found", "--wait=false")
+    for name in flavors:
+        cluster.kubectl("delete", "resourceflavor", name, "--ignore-not-found", "--wait=false")

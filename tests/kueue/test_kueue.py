@@ -228,3 +228,107 @@ def test_suspended_job_gives_its_quota_back_and_resumes_through_kueue(
     tpu.patch_job(namespace, "paused", {"spec": {"suspend": False}})
     resumed = tpu.wait_phase(namespace, "paused", "Running", timeout=90)
     assert resumed["attempt"] == 2 and resumed["restarts"] == 0
+
+
+ZONE = "topology.kubernetes.io/zone"
+FLAVOR_TOLERATION = {"key": "example.com/flavor", "operator": "Exists", "effect": "NoSchedule"}
+V5E_2X2 = "v5-lite-podslice-2-2"  # tpu_queues' flavor of the v5e 2x2 pool (v5litepod-4)
+
+
+def test_the_admitting_flavor_s_node_labels_and_tolerations_reach_the_pods(
+    tpu, namespace, queue, operator
+):
+    nodes = tpu.raw.get("/api/v1/nodes")["items"]
+    zone = next(
+        n["metadata"]["labels"][ZONE] for n in nodes if n["metadata"]["name"] == "v5e-2x2-0"
+    )
+    own = f"zone-{namespace}"[:63]
+
+    def flavor(name: str, spec: dict[str, Any]) -> str | None:
+        if name != V5E_2X2:
+            return None
+        spec["nodeLabels"][ZONE] = zone  # the pool's nodes carry it
+        spec["tolerations"] = [FLAVOR_TOLERATION]
+        return own
+
+    queue(chips=4, flavor=flavor)
+    tpu.apply(queued_job("zoned", namespace, {"type": "v5litepod-4"}, "sleep 600"))
+    running = tpu.wait_phase(namespace, "zoned", "Running", timeout=90)
+    assert running["queue"]["flavors"] == {"google.com/tpu": own}
+    (pod,) = tpu.pods(namespace)
+    assert pod["spec"]["nodeSelector"][ZONE] == zone
+    assert FLAVOR_TOLERATION in pod["spec"]["tolerations"]
+
+
+def test_a_flavor_that_conflicts_with_the_job_s_placement_fails_it_and_frees_the_quota(
+    tpu, namespace, queue, operator
+):
+    own = f"disk-{namespace}"[:63]
+
+    def flavor(name: str, spec: dict[str, Any]) -> str | None:
+        if name != V5E_2X2:
+            return None
+        spec["nodeLabels"]["example.com/disk"] = "hdd"
+        return own
+
+    # Without topology-aware scheduling Kueue admits on quota alone; the Workload's pod
+    # template does not carry spec.placement, so Kueue cannot see the conflict.
+    cq = queue(chips=4, topology=False, flavor=flavor)
+    job = queued_job(
+        "clash",
+        namespace,
+        {"type": "v5litepod-4"},
+        "sleep 600",
+        placement={"nodeSelector": {"example.com/disk": "ssd"}},
+    )
+    tpu.apply(job)
+    failed = tpu.wait_phase(namespace, "clash", "Failed", timeout=90)
+    assert condition(failed, "Failed")["reason"] == "AdmissionConflict"
+    assert "example.com/disk" in failed["message"] and "'hdd'" in failed["message"]
+    assert not tpu.pods(namespace)
+    tpu.wait_events(namespace, "clash", "AdmissionConflict")
+    finished = wait_until(
+        lambda: condition(workload_of(tpu, namespace, "clash")["status"], "Finished") or None,
+        timeout=30,
+        message="the Workload finished",
+    )
+    assert finished["status"] == "True"
+    assert workload_of(tpu, namespace, "clash")["status"]["admission"]["clusterQueue"] == cq
+
+
+def test_a_finished_slice_s_quota_goes_back_while_the_other_slice_runs(
+    cluster, tpu, namespace, queue, operator
+):
+    cq = queue()
+    # Slice 0's workers end at once, slice 1's keep running.
+    command = f'[ "${contract.ENV_SLICE_INDEX}" = 0 ] && exit 0; sleep 600'
+    tpu.apply(queued_job("half", namespace, {"type": "v5p-16"}, command, numSlices=2))
+
+    def reclaimable() -> list[dict[str, Any]] | None:
+        return workload_of(tpu, namespace, "half")["status"].get("reclaimablePods")
+
+    found = wait_until(reclaimable, timeout=120, message="the Workload's reclaimablePods")
+    assert found == [{"name": "workers", "count": 2}]  # the 2 hosts of slice 0
+    status = tpu.status(namespace, "half")
+    assert status["phase"] == "Running"
+
+    # Kueue counts the slice's 8 chips free: 8 of the job's 16 remain in use.
+    def usage() -> str | None:
+        queue_status = (
+            json.loads(cluster.kubectl("get", "clusterqueue", cq, "-o", "json").stdout).get(
+                "status"
+            )
+            or {}
+        )
+        for flavor in queue_status.get("flavorsUsage") or []:
+            for resource in flavor.get("resources") or []:
+                if resource["name"] == "google.com/tpu" and resource.get("total") not in (
+                    None,
+                    "0",
+                ):
+                    return str(resource["total"])
+        return None
+
+    assert wait_until(
+        lambda: usage() == "8" or None, timeout=30, message=lambda: f"usage {usage()}"
+    )

@@ -320,3 +320,95 @@ def test_a_workload_kueue_deactivated_is_not_reactivated():
     cluster.settle()
     assert cluster.workload()["spec"]["active"] is False
     assert phase(cluster) == "Queued"
+
+
+FLAVORS = "/apis/kueue.x-k8s.io/v1beta2/resourceflavors"
+TAINTED = {"key": "example.com/team", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def add_flavor(cluster: FakeCluster, name: str, spec: dict[str, Any]) -> None:
+    cluster.objects[f"{FLAVORS}/{name}"] = {"metadata": {"name": name}, "spec": spec}
+
+
+def flavor_reads(cluster: FakeCluster) -> int:
+    return len([r for r in cluster.requests if r.verb == "GET" and r.path.startswith(FLAVORS)])
+
+
+def test_the_admitting_flavor_s_node_labels_and_tolerations_go_to_the_pods():
+    cluster = KueueCluster()
+    labels = {
+        contract.NODE_LABEL_ACCELERATOR: "tpu-v5-lite-podslice",
+        contract.NODE_LABEL_TOPOLOGY: "2x2",
+        "topology.kubernetes.io/zone": "z1",
+    }
+    add_flavor(cluster, "v5e", {"nodeLabels": labels, "tolerations": [TAINTED]})
+    cluster.apply_job("j", job_spec(numSlices=2), labels=QUEUE)
+    cluster.settle()
+    cluster.admit()
+    cluster.settle()
+    cluster.run_pods("j")
+    cluster.settle()
+    assert phase(cluster) == "Running"
+    pods = cluster.pods("j").values()
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod["spec"]["nodeSelector"]["topology.kubernetes.io/zone"] == "z1"
+        assert TAINTED in pod["spec"]["tolerations"]
+    assert flavor_reads(cluster) == 1  # once per admission, not per reconcile
+
+
+def test_a_flavor_that_conflicts_with_the_slice_shape_fails_the_job_once():
+    cluster = KueueCluster()
+    add_flavor(cluster, "v5e", {"nodeLabels": {contract.NODE_LABEL_ACCELERATOR: "tpu-v6e-slice"}})
+    cluster.apply_job("j", job_spec(), labels=QUEUE)
+    cluster.settle()
+    cluster.admit()
+    cluster.settle()  # a steady state: no loop
+    status = cluster.job("j")["status"]
+    assert status["phase"] == "Failed"
+    assert "tpu-v6e-slice" in status["message"] and "tpu-v5-lite-podslice" in status["message"]
+    assert condition(cluster, "Failed")["reason"] == "AdmissionConflict"
+    warnings = [e for e in cluster.recorded.events if e[2] == "AdmissionConflict"]
+    assert len(warnings) == 1 and warnings[0][1] == "Warning"
+    assert not cluster.pods("j") and not [k for k in cluster.objects if "/tpuslices/" in k]
+    finished = next(
+        c for c in cluster.workload()["status"]["conditions"] if c["type"] == "Finished"
+    )
+    assert (finished["status"], finished["reason"]) == ("True", "Failed")  # quota freed
+
+
+def test_a_finished_slice_s_workers_are_reclaimable_until_the_admission_ends():
+    cluster = KueueCluster()
+    cluster.add_pool("v5p-a", "tpu-v5p-slice", "2x2x2", 2)
+    cluster.add_pool("v5p-b", "tpu-v5p-slice", "2x2x2", 2)
+    cluster.apply_job("j", job_spec("v5p-16", numSlices=2), labels=QUEUE)
+    cluster.settle()
+    cluster.admit(["v5p-a", "v5p-b"], hosts=2)
+    cluster.settle()
+    cluster.run_pods("j")
+    cluster.settle()
+    assert "reclaimablePods" not in cluster.workload()["status"]
+    slice0 = [
+        name
+        for name, pod in cluster.pods("j").items()
+        if pod["metadata"]["labels"][contract.LABEL_SLICE_INDEX] == "0"
+    ]
+    assert len(slice0) == 2
+    cluster.exit_pod(slice0[0], 0)  # half of slice 0: nothing to release yet
+    cluster.settle()
+    assert "reclaimablePods" not in cluster.workload()["status"]
+    cluster.exit_pod(slice0[1], 0)
+    cluster.settle()
+    assert phase(cluster) == "Running"
+    assert cluster.workload()["status"]["reclaimablePods"] == [{"name": POD_SET, "count": 2}]
+    pods_ready = next(
+        c for c in cluster.workload()["status"]["conditions"] if c["type"] == "PodsReady"
+    )
+    assert pods_ready["status"] == "True"
+
+    cluster.evict("Preempted")
+    cluster.settle()
+    cluster.confirm_deletions()
+    cluster.settle()
+    status = cluster.workload()["status"]
+    assert status.get("admission") is None and "reclaimablePods" not in status

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -11,11 +12,17 @@ from tpu_operator.api.job import JobSliceSpec
 from tpu_operator.builders.workload import (
     Assignment,
     Priority,
+    admission_assignment,
     apply_assignment,
     build_workload,
     clear_admission,
+    flavor_names,
     node_pools_of,
     queue_state,
+    reclaimable_pods,
+    reclaimable_status,
+    reported_reclaimable,
+    slice_node_selector,
     with_condition,
     workload_name,
     workload_outdated,
@@ -250,3 +257,224 @@ def test_hostname_level_assignment_maps_to_node_pools_through_the_nodes():
     assert node_pools_of(assignment, hosts=2, slices=2, pool_of=pool_of) == ["v5p-b", "v5p-a"]
     assert node_pools_of(assignment, hosts=2, slices=2) == []  # nodes unknown
     assert node_pools_of(assignment, hosts=2, slices=2, pool_of={"v5p-a-0": "v5p-a"}) == []
+
+
+# What admission adds to the pods: flavors' node labels and tolerations, admission checks'
+# podSetUpdates, merged as Kueue's podset.Merge (builders/workload.admission_assignment).
+TPU_SELECTOR = {
+    contract.NODE_LABEL_ACCELERATOR: "tpu-v5p-slice",
+    contract.NODE_LABEL_TOPOLOGY: "2x2x2",
+}
+V5P = {"nodeLabels": dict(TPU_SELECTOR)}
+ZONE = "topology.kubernetes.io/zone"
+TAINTED = {"key": "example.com/team", "operator": "Equal", "value": "a", "effect": "NoSchedule"}
+
+
+def admitted_workload(
+    flavors: dict[str, str] | None = None, checks: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    assignment = {"name": "workers", "flavors": flavors or {"google.com/tpu": "v5p"}}
+    return {
+        "status": {
+            "admission": {"clusterQueue": "cq", "podSetAssignments": [assignment]},
+            "conditions": [cond("QuotaReserved"), cond("Admitted")],
+            "admissionChecks": checks or [],
+        }
+    }
+
+
+def check(name: str, **update: Any) -> dict[str, Any]:
+    return {"name": name, "state": "Ready", "podSetUpdates": [{"name": "workers", **update}]}
+
+
+@pytest.mark.parametrize(
+    ("flavors", "checks", "own", "selector", "tolerations"),
+    [
+        pytest.param(
+            {"v5p": V5P}, [], TPU_SELECTOR, TPU_SELECTOR, [], id="shape labels agree with the job"
+        ),
+        pytest.param(
+            {"v5p": {"nodeLabels": {**TPU_SELECTOR, ZONE: "z1"}, "tolerations": [TAINTED]}},
+            [],
+            TPU_SELECTOR,
+            {**TPU_SELECTOR, ZONE: "z1"},
+            [TAINTED],
+            id="an extra label and a toleration",
+        ),
+        pytest.param(
+            {"v5p": {"nodeLabels": {ZONE: "z1"}}},
+            [check("zone", nodeSelector={ZONE: "z1"}, tolerations=[TAINTED])],
+            {},
+            {ZONE: "z1"},
+            [TAINTED],
+            id="an admission check repeating a flavor label",
+        ),
+        pytest.param({}, [], TPU_SELECTOR, {}, [], id="a flavor not read adds nothing"),
+        pytest.param(
+            {"v5p": {"tolerations": [TAINTED, TAINTED]}},
+            [check("c", tolerations=[TAINTED])],
+            {},
+            {},
+            [TAINTED],
+            id="tolerations once",
+        ),
+    ],
+)
+def test_admission_gives_the_pods_the_flavor_labels_and_tolerations(
+    flavors, checks, own, selector, tolerations
+):
+    found = admission_assignment(admitted_workload(checks=checks), flavors, own_selector=own)
+    assert isinstance(found, Assignment), found
+    assert (found.node_selector, found.tolerations) == (selector, tolerations)
+    assert (found.cluster_queue, found.flavors) == ("cq", {"google.com/tpu": "v5p"})
+
+
+@pytest.mark.parametrize(
+    ("flavors", "checks", "own", "words"),
+    [
+        pytest.param(
+            {"v5p": {"nodeLabels": {contract.NODE_LABEL_ACCELERATOR: "tpu-v6e-slice"}}},
+            [],
+            TPU_SELECTOR,
+            [
+                contract.NODE_LABEL_ACCELERATOR,
+                "ResourceFlavor v5p sets 'tpu-v6e-slice'",
+                "the job's pods select 'tpu-v5p-slice'",
+            ],
+            id="flavor against the slice shape",
+        ),
+        pytest.param(
+            {"v5p": {"nodeLabels": {ZONE: "z1"}}},
+            [check("zoner", nodeSelector={ZONE: "z2"})],
+            {},
+            [ZONE, "ResourceFlavor v5p sets 'z1'", "admission check zoner sets 'z2'"],
+            id="admission check against a flavor",
+        ),
+        pytest.param(
+            {},
+            [check("a", labels={"team": "x"}), check("b", labels={"team": "y"})],
+            {},
+            ["label team", "admission check a sets 'x'", "admission check b sets 'y'"],
+            id="two admission checks",
+        ),
+        pytest.param(
+            {},
+            [check("zoner", nodeSelector={"disktype": "hdd"})],
+            {"disktype": "ssd"},
+            ["disktype", "admission check zoner sets 'hdd'", "the job's pods select 'ssd'"],
+            id="admission check against the template",
+        ),
+    ],
+)
+def test_a_conflicting_admission_names_the_key_and_both_values(flavors, checks, own, words):
+    found = admission_assignment(admitted_workload(checks=checks), flavors, own_selector=own)
+    assert isinstance(found, str)
+    for word in words:
+        assert word in found, found
+
+
+def test_a_later_flavor_label_wins_over_an_earlier_one_as_kueue_copies_them():
+    wl = admitted_workload({"google.com/tpu": "a", "cpu": "b", "memory": "a"})
+    flavors = {"a": {"nodeLabels": {ZONE: "z1"}}, "b": {"nodeLabels": {ZONE: "z2"}}}
+    found = admission_assignment(wl, flavors)
+    assert isinstance(found, Assignment) and found.node_selector == {ZONE: "z2"}
+    assert flavor_names(wl) == ["a", "b"]
+
+
+def test_queue_state_carries_a_conflict_and_keeps_the_placement():
+    wl = admitted_workload()
+    wl["status"]["admission"] = ADMISSION
+    bad = {"v5p": {"nodeLabels": {contract.NODE_LABEL_TOPOLOGY: "4x4x4"}}}
+    state = queue_state(wl, hosts=2, slices=2, flavors=bad, own_selector=TPU_SELECTOR)
+    assert state.admitted and "4x4x4" in state.conflict
+    assert state.assignment is not None and state.assignment.node_pools == ["v5p-a", "v5p-b"]
+    assert not state.assignment.node_selector
+    fine = queue_state(wl, hosts=2, slices=2, flavors={"v5p": V5P}, own_selector=TPU_SELECTOR)
+    assert not fine.conflict and fine.assignment is not None
+    assert fine.assignment.node_selector == TPU_SELECTOR
+
+
+@pytest.mark.parametrize(
+    ("template_selector", "placement", "expected"),
+    [
+        pytest.param({}, None, TPU_SELECTOR, id="the shape"),
+        pytest.param(
+            {"disktype": "ssd", contract.NODE_LABEL_ACCELERATOR: "x"},
+            {"nodeSelector": {"rack": "r1"}, "spot": True, "reservation": "res"},
+            {
+                **TPU_SELECTOR,
+                "disktype": "ssd",
+                "rack": "r1",
+                contract.NODE_LABEL_SPOT: "true",
+                contract.NODE_LABEL_RESERVATION: "res",
+            },
+            id="template, placement, shape last",
+        ),
+        pytest.param({}, {"spot": False}, TPU_SELECTOR, id="on-demand selects no label"),
+    ],
+)
+def test_the_selector_of_the_job_s_pods(template_selector, placement, expected):
+    template = {"spec": {"nodeSelector": template_selector}}
+    assert slice_node_selector(template, shape("v5p-16"), placement) == expected
+
+
+def test_flavor_labels_and_tolerations_go_into_the_pod_template():
+    found = admission_assignment(
+        admitted_workload(),
+        {"v5p": {"nodeLabels": {ZONE: "z1"}, "tolerations": [TAINTED]}},
+    )
+    assert isinstance(found, Assignment)
+    result = apply_assignment(TEMPLATE, found)
+    assert result["spec"]["nodeSelector"] == {ZONE: "z1"}
+    assert result["spec"]["tolerations"] == [TAINTED]
+
+
+# Reclaimable pods: whole finished slices of the running attempt.
+@dataclass(frozen=True)
+class Pod:
+    slice_index: int
+    attempt: int
+    phase: str
+
+
+@pytest.mark.parametrize(
+    ("pods", "expected"),
+    [
+        pytest.param([], 0, id="no pods"),
+        pytest.param([Pod(0, 1, "Succeeded"), Pod(0, 1, "Running")], 0, id="half a slice"),
+        pytest.param([Pod(0, 1, "Succeeded"), Pod(0, 1, "Succeeded")], 2, id="one slice"),
+        pytest.param(
+            [Pod(i, 1, "Succeeded") for i in (0, 0, 1, 1)] + [Pod(2, 1, "Running")] * 2,
+            4,
+            id="two of three slices",
+        ),
+        pytest.param(
+            [Pod(0, 0, "Succeeded"), Pod(0, 0, "Succeeded"), Pod(0, 1, "Running")],
+            0,
+            id="an earlier attempt's pods",
+        ),
+        pytest.param([Pod(0, 1, "Succeeded"), Pod(0, 1, "Failed")], 0, id="a failed worker"),
+        pytest.param([Pod(7, 1, "Succeeded")] * 2, 0, id="no such slice"),
+    ],
+)
+def test_reclaimable_pods_are_the_workers_of_whole_finished_slices(pods, expected):
+    assert reclaimable_pods(pods, attempt=1, hosts=2, slices=3) == expected
+
+
+def test_a_reclaimable_count_is_written_only_when_it_grows():
+    wl: dict[str, Any] = {"status": {}}
+    assert reclaimable_status(wl, 0) is None
+    assert reclaimable_status(wl, 2) == {"reclaimablePods": [{"name": "workers", "count": 2}]}
+    wl["status"]["reclaimablePods"] = [{"name": "workers", "count": 2}]
+    assert reported_reclaimable(wl) == 2
+    assert reclaimable_status(wl, 2) is None
+    assert reclaimable_status(wl, 0) is None  # Kueue refuses a lower count while admitted
+    assert reclaimable_status(wl, 4) == {"reclaimablePods": [{"name": "workers", "count": 4}]}
+
+
+def test_clearing_the_admission_clears_the_reclaimable_count():
+    wl = admitted_workload()
+    wl["status"]["conditions"].append(cond("Evicted", reason="Preempted"))
+    assert "reclaimablePods" not in clear_admission(wl, "t")
+    wl["status"]["reclaimablePods"] = [{"name": "workers", "count": 2}]
+    assert clear_admission(wl, "t")["reclaimablePods"] is None

@@ -122,6 +122,11 @@ class Reason(StrEnum):
     WORKLOAD_EVICTED = "WorkloadEvicted"
     """Kueue evicted the job's Workload (preemption, ...): its pods are stopped."""
     WORKLOAD_CREATED = "WorkloadCreated"
+    ADMISSION_CONFLICT = "AdmissionConflict"
+    """Kueue admitted the job on terms its pods cannot take: a ResourceFlavor's node label
+    or an admission check's podSetUpdate sets a node selector (label, annotation) key to
+    another value than the job's own or another update's. The job fails (as Kueue's own
+    jobs fail to start) and its Workload is marked Finished, which frees the quota."""
     # In-place restarts (docs/api.md, "Restarts").
     CHECKPOINT_REQUESTED = "CheckpointRequested"
     """GKE announced maintenance or termination of a node of a running job: its workers

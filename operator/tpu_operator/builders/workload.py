@@ -11,15 +11,23 @@ slices x hosts per slice, the worker's chips (``google.com/tpu``) as requests, t
 selector of the slice shape, and (multi-host slices, ``topology=True``) a topology
 request that keeps each slice of ``hosts`` pods inside one node pool
 (``podSetSliceRequiredTopology: cloud.google.com/gke-nodepool``).
+
+On admission the pods get what Kueue's contract for a job gives them
+(``admission_assignment``): the node labels and tolerations of every assigned
+ResourceFlavor and the admission checks' ``podSetUpdates``, merged as Kueue's
+``podset.Merge`` does (a node selector key set to two values is a conflict, not an
+override). While the job runs, whole slices whose workers all succeeded are reported as
+``status.reclaimablePods`` (``reclaimable_pods``) so that Kueue frees their quota.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from tpu_operator import contract
 from tpu_operator.catalog import SliceShape
@@ -30,6 +38,7 @@ KUEUE_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
 WORKLOAD_KIND = "Workload"
 WORKLOAD_PLURAL = "workloads"
 PRIORITY_CLASS_PLURAL = "workloadpriorityclasses"
+RESOURCE_FLAVOR_PLURAL = "resourceflavors"
 POD_SET = "workers"
 """The one podSet of a TPUJob's Workload."""
 LABEL_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
@@ -217,7 +226,9 @@ class Assignment:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     node_selector: dict[str, str] = field(default_factory=dict)
+    """The assigned flavors' node labels and the admission checks' node selectors."""
     tolerations: list[dict[str, Any]] = field(default_factory=list)
+    """The assigned flavors' tolerations and the admission checks' ones."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +244,9 @@ class QueueState:
     admission_held: bool = False
     """The Workload still records an admission (quota): cleared by the operator once the
     pods of an evicted job are gone."""
+    conflict: str = ""
+    """Admitted, but the admission cannot be applied to the pods (``admission_assignment``
+    said why); ``assignment`` then has only the ClusterQueue, flavors and node pools."""
 
     @property
     def admitted(self) -> bool:
@@ -307,30 +321,138 @@ def _expand_counts(counts: dict[str, Any], count: int) -> list[int]:
     return [int(n) for n in counts.get("individual") or []]
 
 
-def _assignment(
-    workload: dict[str, Any], hosts: int, slices: int, pool_of: Mapping[str, str | None] | None
-) -> Assignment:
-    status = workload.get("status") or {}
-    admission = status.get("admission") or {}
-    pod_set: dict[str, Any] = next(
+def flavor_names(workload: dict[str, Any] | None) -> list[str]:
+    """The ResourceFlavors assigned to the job's podSet, each once, in Kueue's order."""
+    pod_set = _pod_set_assignment(workload or {})
+    return list(dict.fromkeys(str(v) for v in (pod_set.get("flavors") or {}).values()))
+
+
+def _pod_set_assignment(workload: dict[str, Any]) -> dict[str, Any]:
+    admission = (workload.get("status") or {}).get("admission") or {}
+    return next(
         (p for p in admission.get("podSetAssignments") or [] if p.get("name") == POD_SET), {}
     )
-    labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
-    selector: dict[str, str] = {}
-    tolerations: list[dict[str, Any]] = []
-    for check in status.get("admissionChecks") or []:
-        for update in check.get("podSetUpdates") or []:
-            if update.get("name") != POD_SET:
-                continue
-            labels.update(update.get("labels") or {})
-            annotations.update(update.get("annotations") or {})
-            selector.update(update.get("nodeSelector") or {})
-            tolerations.extend(update.get("tolerations") or [])
+
+
+def _placement(
+    workload: dict[str, Any], hosts: int, slices: int, pool_of: Mapping[str, str | None] | None
+) -> Assignment:
+    """The admission without what it adds to the pods: ClusterQueue, flavors, pools."""
+    admission = (workload.get("status") or {}).get("admission") or {}
+    pod_set = _pod_set_assignment(workload)
     return Assignment(
         cluster_queue=str(admission.get("clusterQueue") or ""),
         flavors={str(k): str(v) for k, v in (pod_set.get("flavors") or {}).items()},
         node_pools=node_pools_of(pod_set, hosts, slices, pool_of),
+    )
+
+
+def slice_node_selector(
+    template: dict[str, Any], shape: SliceShape, placement: Mapping[str, Any] | None = None
+) -> dict[str, str]:
+    """The node labels every worker pod of the job selects whatever its pool: the
+    template's node selector, then ``spec.placement`` (nodeSelector, spot, reservation)
+    and the slice shape, which builders/pods.py lays over it in that order. What an
+    admission's node selector must agree with."""
+    placement = placement or {}
+    selector = {
+        str(k): str(v) for k, v in ((template.get("spec") or {}).get("nodeSelector") or {}).items()
+    }
+    selector.update({str(k): str(v) for k, v in (placement.get("nodeSelector") or {}).items()})
+    selector[contract.NODE_LABEL_ACCELERATOR] = shape.accelerator
+    selector[contract.NODE_LABEL_TOPOLOGY] = shape.topology
+    if placement.get("spot") is True:
+        selector[contract.NODE_LABEL_SPOT] = "true"
+    if placement.get("reservation"):
+        selector[contract.NODE_LABEL_RESERVATION] = str(placement["reservation"])
+    return selector
+
+
+def _merge_into(
+    target: dict[str, str],
+    origin: dict[str, str],
+    values: Mapping[str, Any],
+    source: str,
+    what: str,
+) -> str:
+    """Add ``values`` (from ``source``) to ``target``; a key already set to another
+    value is a conflict (Kueue's ``utilmaps.HaveConflict``): its description, else ""."""
+    for key, value in values.items():
+        value = str(value)
+        if key in target and target[key] != value:
+            return f"{what} {key}: {origin[key]} sets {target[key]!r}, {source} sets {value!r}"
+        if key not in target:
+            target[key], origin[key] = value, source
+    return ""
+
+
+def _add_tolerations(tolerations: list[dict[str, Any]], more: Iterable[Any]) -> None:
+    for toleration in more:
+        if toleration not in tolerations:
+            tolerations.append(dict(toleration))
+
+
+def admission_assignment(
+    workload: dict[str, Any],
+    flavors: Mapping[str, Mapping[str, Any]],
+    *,
+    own_selector: Mapping[str, str] | None = None,
+    hosts: int = 1,
+    slices: int = 1,
+    pool_of: Mapping[str, str | None] | None = None,
+) -> Assignment | str:
+    """What an admitted Workload gives the job's pods, or why it cannot (a conflict,
+    naming the key and both values).
+
+    Kueue's contract for a job (jobframework ``getPodSetsInfoFromStatus``, ``podset.Merge``):
+    every assigned flavor's ``spec.nodeLabels`` as node selector (a later flavor's label
+    wins over an earlier one's, as Kueue copies them) and ``spec.tolerations``; then each
+    admission check's ``podSetUpdates`` for the podSet, whose labels, annotations and node
+    selector must not set a key already set to another value; then the whole must agree
+    with the node selector the job's pods have anyway (``own_selector``:
+    ``slice_node_selector``; the pod builder would otherwise override the flavor
+    silently). Tolerations are added unless already there.
+
+    ``flavors``: ResourceFlavor name -> its ``spec``; a flavor missing from it adds nothing.
+    """
+    base = _placement(workload, hosts, slices, pool_of)
+    selector: dict[str, str] = {}
+    origin: dict[str, str] = {}
+    tolerations: list[dict[str, Any]] = []
+    for name in flavor_names(workload):
+        spec = flavors.get(name) or {}
+        for key, value in (spec.get("nodeLabels") or {}).items():
+            selector[str(key)], origin[str(key)] = str(value), f"ResourceFlavor {name}"
+        _add_tolerations(tolerations, spec.get("tolerations") or [])
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    label_origin: dict[str, str] = {}
+    annotation_origin: dict[str, str] = {}
+    for check in (workload.get("status") or {}).get("admissionChecks") or []:
+        update = next(
+            (u for u in check.get("podSetUpdates") or [] if u.get("name") == POD_SET), None
+        )
+        if update is None:
+            continue
+        source = f"admission check {check.get('name', '')}"
+        for what, target, origins, values in (
+            ("label", labels, label_origin, update.get("labels")),
+            ("annotation", annotations, annotation_origin, update.get("annotations")),
+            ("node selector", selector, origin, update.get("nodeSelector")),
+        ):
+            conflict = _merge_into(target, origins, values or {}, source, what)
+            if conflict:
+                return conflict
+        _add_tolerations(tolerations, update.get("tolerations") or [])
+    own = dict(own_selector or {})
+    for key, value in selector.items():
+        if key in own and own[key] != value:
+            return (
+                f"node selector {key}: {origin[key]} sets {value!r}, "
+                f"the job's pods select {own[key]!r}"
+            )
+    return dataclasses.replace(
+        base,
         labels=labels,
         annotations=annotations,
         node_selector=selector,
@@ -338,14 +460,44 @@ def _assignment(
     )
 
 
+def _admitted(
+    state: str,
+    reason: str,
+    message: str,
+    workload: dict[str, Any],
+    flavors: Mapping[str, Mapping[str, Any]],
+    own_selector: Mapping[str, str] | None,
+    hosts: int,
+    slices: int,
+    pool_of: Mapping[str, str | None] | None,
+) -> QueueState:
+    found = admission_assignment(
+        workload, flavors, own_selector=own_selector, hosts=hosts, slices=slices, pool_of=pool_of
+    )
+    if isinstance(found, str):
+        return QueueState(
+            state,
+            reason,
+            message,
+            assignment=_placement(workload, hosts, slices, pool_of),
+            admission_held=True,
+            conflict=found,
+        )
+    return QueueState(state, reason, message, assignment=found, admission_held=True)
+
+
 def queue_state(
     workload: dict[str, Any] | None,
     hosts: int = 1,
     slices: int = 1,
     pool_of: Mapping[str, str | None] | None = None,
+    flavors: Mapping[str, Mapping[str, Any]] | None = None,
+    own_selector: Mapping[str, str] | None = None,
 ) -> QueueState:
     """Kueue's verdict on the job of ``workload`` (pure: from the Workload and, for a
-    hostname-level topology assignment, ``pool_of``: node name -> node pool)."""
+    hostname-level topology assignment, ``pool_of``: node name -> node pool; for what
+    admission adds to the pods, ``flavors`` and ``own_selector`` as
+    ``admission_assignment`` takes them)."""
     if workload is None:
         return MISSING
     held = bool((workload.get("status") or {}).get("admission"))
@@ -360,23 +512,32 @@ def queue_state(
             str(evicted.get("message") or ""),
             admission_held=held,
         )
+    found = flavors or {}
     if _true(workload, ADMITTED) and held:
         cond = _condition(workload, ADMITTED) or {}
-        return QueueState(
+        return _admitted(
             "Admitted",
             str(cond.get("reason") or "Admitted"),
             str(cond.get("message") or ""),
-            assignment=_assignment(workload, hosts, slices, pool_of),
-            admission_held=True,
+            workload,
+            found,
+            own_selector,
+            hosts,
+            slices,
+            pool_of,
         )
     reserved = _condition(workload, QUOTA_RESERVED)
     if reserved is not None and reserved.get("status") == "True" and held:
-        return QueueState(
+        return _admitted(
             "Reserved",
             str(reserved.get("reason") or "QuotaReserved"),
             "quota reserved; waiting for admission checks",
-            assignment=_assignment(workload, hosts, slices, pool_of),
-            admission_held=True,
+            workload,
+            found,
+            own_selector,
+            hosts,
+            slices,
+            pool_of,
         )
     if workload.get("spec", {}).get("active") is False:
         return QueueState("Queued", "Deactivated", "the Workload is deactivated (spec.active)")
@@ -386,8 +547,9 @@ def queue_state(
 
 
 def apply_assignment(template: dict[str, Any], assignment: Assignment) -> dict[str, Any]:
-    """The job's pod template with what admission adds (admission checks' podSetUpdates:
-    labels, annotations, node selector, tolerations); ``template`` itself is unchanged."""
+    """The job's pod template with what admission adds (the flavors' node labels and
+    tolerations, the admission checks' podSetUpdates: labels, annotations, node selector,
+    tolerations); ``template`` itself is unchanged."""
     if not (
         assignment.labels
         or assignment.annotations
@@ -432,7 +594,56 @@ def clear_admission(workload: dict[str, Any], now: str) -> dict[str, Any]:
         now,
         workload,
     )
-    return {"admission": None, "conditions": conditions}
+    status: dict[str, Any] = {"admission": None, "conditions": conditions}
+    if (workload.get("status") or {}).get("reclaimablePods"):
+        # Counts of this admission: the next one starts from none. Kueue forbids lowering
+        # them only while the quota is reserved, which this same write ends.
+        status["reclaimablePods"] = None
+    return status
+
+
+class WorkerPod(Protocol):
+    """What ``reclaimable_pods`` reads of a worker pod (``state.views.PodView``)."""
+
+    @property
+    def slice_index(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def phase(self) -> str: ...
+
+
+def reclaimable_pods(pods: Iterable[WorkerPod], attempt: int, hosts: int, slices: int) -> int:
+    """Workers of the current ``attempt`` whose quota Kueue may release while the others
+    run (``status.reclaimablePods`` of the podSet): every worker of each slice whose
+    ``hosts`` workers have all Succeeded. Only whole slices count: a slice's chips are one
+    unit (its VMs form one ICI domain that no other job can use a part of), and a
+    Succeeded pod (its phase, not just its worker's exit: a sidecar may still hold the
+    node) no longer holds its node's chips."""
+    succeeded: dict[int, int] = {}
+    for pod in pods:
+        if pod.attempt == attempt and pod.phase == "Succeeded" and 0 <= pod.slice_index < slices:
+            succeeded[pod.slice_index] = succeeded.get(pod.slice_index, 0) + 1
+    return hosts * sum(1 for count in succeeded.values() if count >= hosts)
+
+
+def reported_reclaimable(workload: dict[str, Any]) -> int:
+    """The reclaimable count the Workload records for the podSet."""
+    for entry in (workload.get("status") or {}).get("reclaimablePods") or []:
+        if entry.get("name") == POD_SET:
+            return int(entry.get("count") or 0)
+    return 0
+
+
+def reclaimable_status(workload: dict[str, Any], count: int) -> dict[str, Any] | None:
+    """The Workload status change reporting ``count`` reclaimable pods; None when the
+    Workload has it or a higher count. Kueue's webhook refuses to lower a count while the
+    quota is reserved, so a count only grows within one admission (a restart that
+    recreates a finished slice runs it on quota Kueue already released, as for a
+    JobSet; the count starts again from zero at the next admission)."""
+    if count <= reported_reclaimable(workload):
+        return None
+    return {"reclaimablePods": [{"name": POD_SET, "count": count}]}
 
 
 def with_condition(

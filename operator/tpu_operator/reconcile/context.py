@@ -102,6 +102,9 @@ class Context:
     """UIDs of the jobs whose control-key Secret is known to exist."""
     default_provisioning: str = "ExistingPools"
     """placement.provisioning of the objects that leave it unset (--default-provisioning)."""
+    resource_flavors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Kueue ResourceFlavor name -> its spec, read when a job using it is admitted
+    (reconcile/queueing.py)."""
 
     async def ensure_service(self, namespace: str, body: dict[str, Any]) -> None:
         """Create the headless Service ``body`` unless it exists. One that exists but is

@@ -43,7 +43,7 @@ from tpu_operator.builders.service import headless_service
 from tpu_operator.builders.slices import job_slice, slice_patch
 from tpu_operator.builders.supervision import key_secret, key_secret_name, runs_supervisor
 from tpu_operator.builders.wiring import Ports
-from tpu_operator.builders.workload import apply_assignment, queue_name
+from tpu_operator.builders.workload import apply_assignment, queue_name, reclaimable_pods
 from tpu_operator.catalog import CatalogError, SliceShape, chips_per_host_choices
 from tpu_operator.decisions import book_restart, decide, restart_kind
 from tpu_operator.placement.pools import shape_words
@@ -267,6 +267,8 @@ class JobRun:
     # the reconcile: decide, commit, act
     async def reconcile(self) -> float | None:
         await self._observe_supervisors()
+        if self.queueing is not None:
+            await self.queueing.load_flavors()  # a new admission's ResourceFlavors
         self.decide()
         if not await self._commit():
             if self.act is Act.RUN and self.status.phase == Phase.PENDING:
@@ -336,6 +338,9 @@ class JobRun:
                 report.release = self._condition_is(ConditionType.PODS_STOPPED, True)
             elif self.queueing.state.admitted:
                 report.pods_ready = status.phase == Phase.RUNNING
+                report.reclaimable = reclaimable_pods(
+                    self.pods, status.attempt, self.shape.hosts, self.spec.num_slices
+                )
 
     async def _commit(self) -> bool:
         """Write the status (once); on success post the events of this reconcile."""
@@ -473,6 +478,13 @@ class JobRun:
             flavors=(assignment.flavors or None) if assignment else previous.flavors,
             admissions=previous.admissions + int(state.admitted and previous.state != "Admitted"),
         )
+        if state.admitted and state.conflict and previous.state != "Admitted":
+            # Judged when an admission starts the job, as Kueue does (a running job keeps
+            # its pods). The Workload is marked Finished, which frees the quota.
+            message = f"cannot run on Kueue's admission: {state.conflict}"
+            self._event("Warning", Reason.ADMISSION_CONFLICT, message)
+            self._fail(Reason.ADMISSION_CONFLICT, message, None)
+            return True
         if state.admitted and assignment is not None:
             where = f"ClusterQueue {assignment.cluster_queue}"
             if assignment.flavors:

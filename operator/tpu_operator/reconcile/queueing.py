@@ -15,11 +15,17 @@ cache of Workloads), decides and commits the job's status as usual, and then cal
 - PodsReady and Finished conditions as the job's status says;
 - a suspended job (``spec.suspend``): the Workload is deactivated (``spec.active: false``,
   marked with an annotation), its admission cleared once the pods are gone; on resume the
-  operator reactivates it, and Kueue queues it again.
+  operator reactivates it, and Kueue queues it again;
+- a running job some of whose slices have finished: their workers are reported as
+  ``status.reclaimablePods``, so that Kueue frees their quota.
+
+Before deciding, :meth:`Queueing.load_flavors` reads the ResourceFlavors of a new admission
+(their node labels and tolerations go to the pods, ``builders/workload.admission_assignment``).
 
 Every Workload write is guarded by the resourceVersion read, so a write never undoes
 Kueue's own (a 409 wakes the job again on fresh data). Writes happen on changes only:
-creation, deletion, one per eviction, PodsReady changes, Finished once.
+creation, deletion, one per eviction, PodsReady changes, Finished once, one per slice
+that finishes before the others.
 """
 
 from __future__ import annotations
@@ -36,12 +42,16 @@ from tpu_operator.builders.workload import (
     LABEL_PRIORITY_CLASS,
     PODS_READY,
     PRIORITY_CLASS_PLURAL,
+    RESOURCE_FLAVOR_PLURAL,
     WORKLOAD_PLURAL,
     Priority,
     QueueState,
     build_workload,
     clear_admission,
+    flavor_names,
     queue_state,
+    reclaimable_status,
+    slice_node_selector,
     with_condition,
     workload_outdated,
 )
@@ -77,6 +87,9 @@ class WorkloadReport:
     suspended: bool = False
     """spec.suspend: the Workload is deactivated (``spec.active: false``) so that Kueue
     does not hold quota for a job that is not to run; reactivated on resume."""
+    reclaimable: int | None = None
+    """Workers of whole finished slices of the running attempt
+    (``builders/workload.reclaimable_pods``): their quota can go back to Kueue."""
 
 
 class Queueing:
@@ -98,9 +111,53 @@ class Queueing:
         meta = body["metadata"]
         self.namespace: str = meta["namespace"]
         self.workload = ctx.caches.workload_of_job(meta["namespace"], meta["name"])
-        pool_of = {node.name: node.pool for node in ctx.caches.tpu_nodes()}
-        self.state: QueueState = queue_state(self.workload, shape.hosts, num_slices, pool_of)
+        spec = body.get("spec") or {}
+        self.own_selector = slice_node_selector(
+            spec.get("template") or {}, shape, spec.get("placement")
+        )
+        self._pool_of = {node.name: node.pool for node in ctx.caches.tpu_nodes()}
+        self.state: QueueState = self._read_state()
         self.report = WorkloadReport()
+
+    def _read_state(self) -> QueueState:
+        return queue_state(
+            self.workload,
+            self.shape.hosts,
+            self.num_slices,
+            self._pool_of,
+            flavors=self.ctx.resource_flavors,
+            own_selector=self.own_selector,
+        )
+
+    async def load_flavors(self) -> None:
+        """Read the ResourceFlavors of a new admission (before deciding).
+
+        One GET per flavor when the job is newly admitted (its recorded queue state is not
+        yet Admitted), and on a miss (an operator restarted since). Not a watch: a job
+        needs its flavors' node labels and tolerations only when it starts on an admission
+        (its slices keep the pod template they were created with, as Kueue applies a
+        flavor only when it starts a job), flavors are few and change rarely, and one GET
+        per admission costs less than a cluster-wide watch held open for them.
+        """
+        if not self.state.admitted:
+            return
+        recorded = ((self.body.get("status") or {}).get("queue") or {}).get("state")
+        names = [
+            name
+            for name in flavor_names(self.workload)
+            if recorded != "Admitted" or name not in self.ctx.resource_flavors
+        ]
+        if not names:
+            return
+        for name in names:
+            found = await self.ctx.kube.get(
+                f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/{RESOURCE_FLAVOR_PLURAL}/{name}"
+            )
+            if found is None:
+                # Kueue keeps a flavor in use (finalizer); one gone adds nothing.
+                log.warning("ResourceFlavor %s of Workload %s not found", name, self.workload_name)
+            self.ctx.resource_flavors[name] = dict((found or {}).get("spec") or {})
+        self.state = self._read_state()
 
     @property
     def workload_name(self) -> str:
@@ -196,6 +253,10 @@ class Queueing:
             )
             if conditions is not None:
                 status = {"conditions": conditions}
+        if report.reclaimable is not None and self.state.admitted and not report.release:
+            reclaimable = reclaimable_status(self.workload, report.reclaimable)
+            if reclaimable is not None:
+                status = {**(status or {}), **reclaimable}
         if status is not None:
             meta = self.workload["metadata"]
             await self.ctx.kube.merge_patch(
