@@ -24,6 +24,7 @@ import kopf
 
 from tpu_operator import contract
 from tpu_operator.builders.workload import KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL
+from tpu_operator.runtime import collector
 from tpu_operator.runtime.app import OperatorConfig, Runtime
 from tpu_operator.runtime.caches import slice_job_name
 from tpu_operator.runtime.kube import connection_info, load_configuration
@@ -98,10 +99,18 @@ async def tpu_jobs(body: kopf.Body, namespace: str | None, name: str, **_: Any) 
 
 
 @kopf.index("v1", "nodes", labels={contract.NODE_LABEL_ACCELERATOR: kopf.PRESENT})
-async def tpu_nodes(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+async def tpu_nodes(body: kopf.Body, memo: Any = None, **_: Any) -> dict[Any, Any]:
+    _nodes_changed(memo)
     view = node_view(body)
     uid = body.get("metadata", {}).get("uid", "")
     return {("node", view.name): view, ("tpu",): view, ("uid", view.name): uid}
+
+
+def _nodes_changed(memo: Any) -> None:
+    """Drop the node snapshot the reconcilers read (``Caches.nodes_changed``)."""
+    runtime = memo.get(RUNTIME_KEY) if memo is not None else None
+    if runtime is not None:
+        cast(Runtime, runtime).caches.nodes_changed()
 
 
 def _workload_job(body: kopf.Body) -> str | None:
@@ -138,10 +147,13 @@ def watch_workloads() -> None:
 
 
 def _relisted(memo: Any, kind: str, type: str | None) -> None:
-    """``type=None``: an object of a (re-)listing. After a watch gap kopf lists again and
-    never reports what was deleted meanwhile; the audit finds those (``runtime/audit.py``)."""
+    """Count the event; ``type=None``: an object of a (re-)listing. After a watch gap kopf
+    lists again and never reports what was deleted meanwhile; the audit finds those
+    (``runtime/audit.py``)."""
+    runtime = _runtime(memo)
+    runtime.metrics.watch_events.labels(kind).inc()
     if type is None:
-        _runtime(memo).audit.listed(kind)
+        runtime.audit.listed(kind)
 
 
 @kopf.on.event(contract.GROUP, contract.VERSION, contract.JOB_PLURAL)
@@ -191,6 +203,7 @@ async def pod_changed(type: str | None, body: kopf.Body, memo: Any, **_: Any) ->
 @kopf.on.event("v1", "nodes", labels={contract.NODE_LABEL_ACCELERATOR: kopf.PRESENT})
 async def node_changed(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
     _relisted(memo, "nodes", type)
+    _nodes_changed(memo)
     runtime = _acting(memo)
     if runtime is None:
         return
@@ -326,6 +339,7 @@ def run(config: OperatorConfig) -> int:
     memo[STOP_KEY] = stop
     if config.kueue:
         watch_workloads()
+    collector.tune(config.gc_threshold)
     kwargs: dict[str, Any] = {
         "standalone": True,
         "settings": operator_settings(),

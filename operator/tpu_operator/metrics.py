@@ -165,6 +165,12 @@ class OperatorMetrics:
             buckets=RECONCILE_BUCKETS,
             registry=r,
         )
+        self.watch_events = Counter(
+            "tpu_operator_watch_events_total",
+            "Watch events received, by kind (pods, nodes, slices, jobs; relisted objects too)",
+            ["kind"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "tpu_operator_workqueue_depth", "Keys waiting to be reconciled", ["queue"], registry=r
         )

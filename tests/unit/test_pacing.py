@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpu_operator.reconcile.pacing import StatusPacer, counters_only
+from tpu_operator.reconcile.pacing import StatusPacer, counters_only, reconcile_spacing
 
 
 def status(waiting: int, phase: str = "Restarting", **extra: object) -> dict[str, object]:
@@ -84,3 +84,19 @@ def test_counter_writes_wait_for_the_rest_of_the_interval():
     clock.now += 0.75
     assert pacer.hold("uid", status(200), status(190)) == 0.0
     assert pacer.hold("uid", status(190), status(190)) == 0.0  # nothing to write
+
+
+@pytest.mark.parametrize(
+    ("pods", "minimum", "spacing"),
+    [
+        (0, 0.1, 0.1),  # a job without pods yet: the operator's minimum
+        (256, 0.1, 0.1),
+        (1_000, 0.1, 0.1),  # up to 1,000 pods nothing changes
+        (4_096, 0.1, 0.4096),
+        (12_736, 0.1, 1.2736),  # 199 slices of v5litepod-256
+        (12_736, 2.0, 2.0),  # a larger minimum wins
+        (1_000_000, 0.1, 5.0),  # capped: a job is never left alone for long
+    ],
+)
+def test_reconcile_spacing_grows_with_the_pods_of_a_job(pods, minimum, spacing):
+    assert reconcile_spacing(pods, minimum) == pytest.approx(spacing)

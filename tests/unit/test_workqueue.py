@@ -66,6 +66,32 @@ def test_events_within_min_interval_wait_for_the_rest_of_it():
     assert times[1] - times[0] >= 0.29
 
 
+def test_per_key_spacing_holds_a_large_key_back_and_leaves_small_ones_at_the_minimum():
+    async def scenario() -> dict[str, list[float]]:
+        handler = Recorder()
+        spacing = {"large": 0.4, "small": 0.0}
+        queue: WorkQueue[str] = WorkQueue(
+            "t", handler, min_interval=0.05, spacing=spacing.__getitem__
+        )
+        queue.start()
+        for key in spacing:
+            queue.add(key)
+        await asyncio.sleep(0.02)
+        for _ in range(20):  # a burst for both right after their first reconcile
+            for key in spacing:
+                queue.add(key)
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.6)
+        await queue.stop()
+        return {k: [t for c, t in handler.calls if c == k] for k in spacing}
+
+    times = run(scenario())
+    assert len(times["large"]) == 2 and times["large"][1] - times["large"][0] >= 0.39
+    # The small key keeps the minimum: the same burst reconciles it more often.
+    assert len(times["small"]) > 2
+    assert all(b - a >= 0.049 for a, b in zip(times["small"], times["small"][1:], strict=False))
+
+
 def test_a_quiet_key_reacts_at_once_and_other_keys_are_not_spaced():
     async def scenario() -> tuple[list[str], float]:
         handler = Recorder()

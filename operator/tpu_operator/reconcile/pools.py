@@ -131,7 +131,8 @@ def held_pools(
 
 
 def tpu_pools(ctx: Context) -> dict[str, PoolView]:
-    return pools_from_nodes(ctx.caches.tpu_nodes())
+    """The cluster's TPU node pools, aggregated once per node change (shared: read only)."""
+    return ctx.caches.from_nodes("pools", pools_from_nodes)
 
 
 def requests_for(

@@ -24,10 +24,12 @@ from tpu_operator.metrics import OperatorMetrics
 from tpu_operator.progress.sampler import ProgressSampler
 from tpu_operator.reconcile.context import Context
 from tpu_operator.reconcile.jobs import JobReconciler
+from tpu_operator.reconcile.pacing import reconcile_spacing
 from tpu_operator.reconcile.slices import SliceReconciler
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime.audit import CacheAudit
 from tpu_operator.runtime.caches import Caches, Index
+from tpu_operator.runtime.collector import DEFAULT_THRESHOLD
 from tpu_operator.runtime.control import ControlChannel, load_master_key
 from tpu_operator.runtime.events import EventRecorder
 from tpu_operator.runtime.kube import ApiError, Kube, RequestRecord, load_configuration
@@ -52,6 +54,7 @@ class OperatorConfig:
     progress_publish_seconds: float = 30.0
     """At most one progress write per running job per this many seconds."""
     reconcile_min_interval: float = 0.1
+    gc_threshold: int = DEFAULT_THRESHOLD
     """Seconds between two event-triggered reconciles of one object."""
     audit_seconds: float = 60.0
     """Seconds between two audits of the watch caches against the API, besides the ones
@@ -111,6 +114,7 @@ class Runtime:
             workers=config.job_workers,
             observer=self.metrics.reconciled,
             min_interval=config.reconcile_min_interval,
+            spacing=self._job_spacing,
             quiet=(ApiError,),
         )
         self.slices: WorkQueue[tuple[str, str]] = WorkQueue(
@@ -119,6 +123,7 @@ class Runtime:
             workers=config.slice_workers,
             observer=self.metrics.reconciled,
             min_interval=config.reconcile_min_interval,
+            spacing=self._slice_spacing,
             quiet=(ApiError,),
         )
         self.context = Context(
@@ -160,6 +165,14 @@ class Runtime:
     def _api_request(self, record: RequestRecord) -> None:
         self.metrics.api_request(record)
         self.audit.api_request(record)
+
+    def _job_spacing(self, key: tuple[str, str]) -> float:
+        pods = self.caches.count_pods_of_job(*key)
+        return reconcile_spacing(pods, self.config.reconcile_min_interval)
+
+    def _slice_spacing(self, key: tuple[str, str]) -> float:
+        pods = self.caches.count_pods_of_slice(*key)
+        return reconcile_spacing(pods, self.config.reconcile_min_interval)
 
     async def _reconcile_job(self, key: tuple[str, str]) -> float | None:
         if not self._may_act():

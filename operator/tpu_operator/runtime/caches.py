@@ -23,8 +23,9 @@ internal indexer protocol: ``tests/unit/test_audit.py`` pins it to the installed
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from tpu_operator import contract
 from tpu_operator.state.views import NodeView, PodView
@@ -35,6 +36,23 @@ KINDS = ("pods", "slices", "jobs", "nodes")
 """The watched kinds, as ``entries`` and ``forget`` name them."""
 Identity = tuple[str | None, str, str]
 """How kopf keys an indexed object: (namespace or None, name, uid)."""
+T = TypeVar("T")
+
+
+@dataclass
+class NodeSnapshot:
+    """The TPU nodes as plain dicts, rebuilt only after a node changed.
+
+    Reconciles look nodes up for every pod of a job (is its node ready?) and aggregate
+    node pools from every node of the cluster; through kopf's index each lookup builds
+    mapping views, so at thousands of pods and nodes those scans dominated a reconcile.
+    Nodes change rarely next to pods, so one snapshot serves every reconcile in between.
+    """
+
+    by_name: dict[str, NodeView]
+    not_ready: frozenset[str]
+    derived: dict[str, Any] = field(default_factory=dict)
+    """Values computed from the nodes alone (node pools), kept as long as the snapshot."""
 
 
 class Tombstones:
@@ -90,6 +108,7 @@ class Caches:
         self.tombstones = Tombstones()
         self._indexes = {"pods": pods, "slices": slices, "jobs": jobs, "nodes": nodes}
         self._workloads: Index | None = None
+        self._node_snapshot: NodeSnapshot | None = None
 
     # Kueue Workloads (docs/kueue.md)
     def attach_workloads(self, index: Index) -> None:
@@ -137,6 +156,8 @@ class Caches:
         if discard is None:
             raise TypeError(f"{type(index).__name__} cannot drop entries (kopf changed?)")
         discard(identity)
+        if kind == "nodes":
+            self.nodes_changed()
 
     # TPUJobs
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -165,6 +186,12 @@ class Caches:
     def pods_of_job(self, namespace: str, job: str) -> list[PodView]:
         return _values(self._pods, ("job", namespace, job))
 
+    def count_pods_of_slice(self, namespace: str, slice_name: str) -> int:
+        return len(self._pods.get(("slice", namespace, slice_name), ()))
+
+    def count_pods_of_job(self, namespace: str, job: str) -> int:
+        return len(self._pods.get(("job", namespace, job), ()))
+
     def pods_on_node(self, node: str) -> list[PodView]:
         return _values(self._pods, ("node", node))
 
@@ -179,22 +206,47 @@ class Caches:
                 yield key[1]
 
     # Nodes
+    def nodes_changed(self) -> None:
+        """A node event arrived (or the audit dropped a node): the next lookup rebuilds the
+        snapshot. Called from the node index handler and again from the node event
+        handler, which runs after kopf stored the change, so a snapshot built in between
+        never outlives the event."""
+        self._node_snapshot = None
+
+    def _nodes_now(self) -> NodeSnapshot:
+        snapshot = self._node_snapshot
+        if snapshot is None:
+            by_name = {
+                key[1]: view
+                for key, store in list(self._nodes.items())
+                if key[0] == "node"
+                for view in store
+            }
+            snapshot = NodeSnapshot(
+                by_name, frozenset(n for n, v in by_name.items() if not v.ready)
+            )
+            self._node_snapshot = snapshot
+        return snapshot
+
     def node(self, name: str) -> NodeView | None:
-        return _first(self._nodes, ("node", name))
+        return self._nodes_now().by_name.get(name)
 
     def tpu_nodes(self) -> list[NodeView]:
-        return _values(self._nodes, ("tpu",))
+        return list(self._nodes_now().by_name.values())
+
+    def from_nodes(self, name: str, build: Callable[[list[NodeView]], T]) -> T:
+        """``build(tpu_nodes)``, computed once per node snapshot and kept under ``name``;
+        ``build`` must be pure and its result is shared, so callers must not change it."""
+        snapshot = self._nodes_now()
+        if name not in snapshot.derived:
+            snapshot.derived[name] = build(list(snapshot.by_name.values()))
+        return snapshot.derived[name]
 
     def not_ready_nodes(self, names: Iterable[str | None]) -> frozenset[str]:
         """The nodes among ``names`` that are not Ready or no longer exist."""
-        found = set()
-        for name in names:
-            if not name:
-                continue
-            node = self.node(name)
-            if node is None or not node.ready:
-                found.add(name)
-        return frozenset(found)
+        snapshot = self._nodes_now()
+        by_name, not_ready = snapshot.by_name, snapshot.not_ready
+        return frozenset(n for n in names if n and (n in not_ready or n not in by_name))
 
 
 def slice_job_name(body: Mapping[str, Any]) -> str | None:

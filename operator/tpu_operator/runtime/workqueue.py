@@ -10,7 +10,10 @@ controller-runtime's rate-limited queue, in asyncio.
 ``min_interval`` spaces the reconciles of one key: an event within that time after the
 key's last reconcile waits for the rest of it. A quiet key still reacts at once, but the
 hundreds of pod events of a large slice starting or stopping make a handful of reconciles
-instead of one per event, each of which looks at every pod of the job.
+instead of one per event, each of which looks at every pod of the job. ``spacing``, if
+given, says per key how far apart (at least ``min_interval``): a reconcile that looks at
+every pod of a job costs in proportion to its pods, so spacing its reconciles in
+proportion too keeps its cost per pod the same at any size (``reconcile/pacing.py``).
 
 A failure is logged as one line per attempt, with the delay before the next one. Errors of
 the ``quiet`` types (failed API requests: they name the request and the apiserver's answer)
@@ -60,11 +63,15 @@ class WorkQueue(Generic[K]):
         max_retry: float = 60.0,
         observer: Observer | None = None,
         min_interval: float = 0.0,
+        spacing: Callable[[K], float] | None = None,
         quiet: tuple[type[Exception], ...] = (),
     ) -> None:
         self.name = name
         self.min_interval = min_interval
-        self._finished: Stamps[K] = Stamps(min_interval, limit=10000)
+        self._spacing_of = spacing
+        # Stamps older than this are dropped; per-key spacing can be longer than the
+        # minimum (it is capped well below a minute: reconcile/pacing.py).
+        self._finished: Stamps[K] = Stamps(min_interval if spacing is None else 60.0, limit=10000)
         self._handler = handler
         self._workers = workers
         self._base_retry = base_retry
@@ -106,7 +113,12 @@ class WorkQueue(Generic[K]):
         """How long an event for ``key`` waits: the rest of ``min_interval`` since its
         last reconcile finished."""
         age = self._finished.age(key)
-        return 0.0 if age is None else self.min_interval - age
+        if age is None:
+            return 0.0
+        wanted = self.min_interval
+        if self._spacing_of is not None:
+            wanted = max(wanted, self._spacing_of(key))
+        return wanted - age
 
     def __len__(self) -> int:
         return len(self._queued) + len(self._delayed)
@@ -172,7 +184,7 @@ class WorkQueue(Generic[K]):
                 self.add(key, delay)
             finally:
                 self._running.discard(key)
-                if self.min_interval > 0:
+                if self.min_interval > 0 or self._spacing_of is not None:
                     self._finished.mark(key)
                 if self._observer is not None:
                     self._observer(self.name, time.monotonic() - started, ok)

@@ -1,0 +1,67 @@
+"""The node snapshot the reconcilers read: rebuilt only after a node event, derived
+values (node pools) computed once per snapshot."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from tpu_operator.placement.pools import pools_from_nodes
+from tpu_operator.runtime.caches import Caches
+from tpu_operator.state.views import NodeView
+
+pytestmark = pytest.mark.unit
+
+
+def node(name: str, pool: str = "p", ready: bool = True) -> NodeView:
+    return NodeView(name, pool, "tpu-v5p-slice", "2x2x1", ready, False, False, None, 4)
+
+
+def caches_with(*nodes: NodeView) -> tuple[Caches, defaultdict[Any, list[Any]]]:
+    index: defaultdict[Any, list[Any]] = defaultdict(list)
+    for view in nodes:
+        index[("node", view.name)].append(view)
+        index[("tpu",)].append(view)
+    return Caches(pods={}, slices={}, jobs={}, nodes=index), index
+
+
+def test_lookups_follow_the_index_once_a_node_event_says_it_changed():
+    caches, index = caches_with(node("a"), node("b", ready=False))
+    assert caches.node("a") == node("a")
+    assert caches.not_ready_nodes(["a", "b", "gone", None]) == {"b", "gone"}
+    index[("node", "c")].append(node("c"))
+    assert caches.node("c") is None  # the snapshot stands until the event arrives
+    caches.nodes_changed()
+    assert caches.node("c") == node("c")
+    assert {n.name for n in caches.tpu_nodes()} == {"a", "b", "c"}
+
+
+def test_derived_values_are_computed_once_per_snapshot():
+    caches, index = caches_with(node("a", pool="p1"), node("b", pool="p2"))
+    calls: list[int] = []
+
+    def build(nodes: list[NodeView]) -> dict[str, Any]:
+        calls.append(len(nodes))
+        return pools_from_nodes(nodes)
+
+    first = caches.from_nodes("pools", build)
+    assert caches.from_nodes("pools", build) is first
+    assert sorted(first) == ["p1", "p2"] and calls == [2]
+    index[("node", "c")].append(node("c", pool="p3"))
+    caches.nodes_changed()
+    assert sorted(caches.from_nodes("pools", build)) == ["p1", "p2", "p3"]
+    assert calls == [2, 3]
+
+
+def test_forgetting_a_node_drops_the_snapshot():
+    class Index(dict[Any, list[Any]]):
+        def _discard(self, identity: Any) -> None:
+            self.pop(("node", identity[1]), None)
+
+    index = Index({("node", "a"): [node("a")], ("node", "b"): [node("b")]})
+    caches = Caches(pods={}, slices={}, jobs={}, nodes=index)
+    assert caches.node("b") is not None
+    caches.forget("nodes", (None, "b", "uid-b"))
+    assert caches.node("b") is None
