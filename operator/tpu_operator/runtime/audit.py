@@ -206,8 +206,12 @@ class CacheAudit:
                 self.soon(reason)
                 continue
             if result.dropped:
+                # Either deleted while a watch was interrupted, or the watch is behind the
+                # list (thousands of pods deleted at once): the objects are gone either
+                # way, and their DELETED events, if they come, change nothing more.
                 log.warning(
-                    "watch caches (%s): dropped %s, deleted while a watch was interrupted",
+                    "watch caches (%s): dropped %s, gone from the API but still cached "
+                    "(deleted while a watch was interrupted, or the watch is behind)",
                     reason,
                     result.describe(),
                 )
