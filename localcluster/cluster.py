@@ -67,6 +67,9 @@ SUPERVISED = ("kube-controller-manager", "kube-scheduler")
 """Components :meth:`Cluster.supervise` restarts when they exit."""
 STARTUP_RESTARTS = 5
 """How often start-up starts a controller again that exited before the cluster was ready."""
+PROGRESS_SECONDS = 15.0
+"""A start that takes longer (thousands of simulated nodes to register) logs what it is
+waiting for this often, with the number of nodes registered so far."""
 
 
 class ClusterError(RuntimeError):
@@ -265,6 +268,7 @@ class Cluster:
         agent = self.agent
         deadline = started + timeout
         stage = "kube-apiserver /readyz"
+        report = time.monotonic() + PROGRESS_SECONDS
         while time.monotonic() < deadline:
             self._check_children()
             try:
@@ -280,6 +284,11 @@ class Cluster:
                         stage = "the node agent"
                 if stage == "the node agent" and agent.ready():
                     return
+                if time.monotonic() >= report:
+                    report = time.monotonic() + PROGRESS_SECONDS
+                    nodes = _registered(api) if stage == "the node agent" else ""
+                    log(f"still starting after {time.monotonic() - started:.0f} s: waiting for "
+                        f"{stage}{nodes}")  # fmt: skip
             except OSError:
                 pass
             time.sleep(0.1)
@@ -575,6 +584,15 @@ def _kill_pod_groups(layout: Layout) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(record.pid, signal.SIGKILL)
         record_file.unlink(missing_ok=True)
+
+
+def _registered(api: SyncApi) -> str:
+    """``: N nodes registered`` (one cheap paged LIST: its ``remainingItemCount``)."""
+    status, body = api.request("GET", "/api/v1/nodes?limit=1")
+    if status != 200 or not isinstance(body, dict):
+        return ""
+    count = len(body.get("items") or []) + int(body["metadata"].get("remainingItemCount") or 0)
+    return f": {count} nodes registered"
 
 
 def _cmdline(pid: int) -> list[str]:

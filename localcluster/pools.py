@@ -167,6 +167,11 @@ class Pool:
             "kubernetes.io/hostname": node_name,
             "kubernetes.io/os": "linux",
             "kubernetes.io/arch": "amd64",
+            # The kubelet registers these too; without them the node-lifecycle controller
+            # adds them to every node (a GET and a PATCH per node: minutes of apiserver
+            # work when thousands of simulated nodes register at once).
+            "beta.kubernetes.io/os": "linux",
+            "beta.kubernetes.io/arch": "amd64",
             "topology.kubernetes.io/region": self.zone.rsplit("-", 1)[0],
             "topology.kubernetes.io/zone": self.zone,
             POOL_LABEL: self.name,

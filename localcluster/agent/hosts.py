@@ -18,7 +18,10 @@ Peers appear after a pod starts, so files are rewritten in place: the bind mount
 inode, so the file cannot be replaced by a rename. A reader must never see an empty or
 truncated file, so the new content is written with one ``pwrite`` at offset 0 and padded
 with a comment to at least the old length (the file never shrinks; nothing is truncated).
-Changes are coalesced: files are rewritten at most every 50 ms.
+Changes are coalesced: files are rewritten at most every 50 ms. The records are computed
+only while some pod has a hosts file: simulate-mode pods have none, and recomputing the
+records of thousands of them every 50 ms while they change was most of the agent's CPU in
+scale runs.
 """
 
 from __future__ import annotations
@@ -168,10 +171,15 @@ class HostsFiles:
     _files: dict[str, _PodFile] = field(default_factory=dict)
     _records: list[Record] = field(default_factory=list)
     _flush: asyncio.TimerHandle | None = None
+    _stale: bool = False
+    """Inputs changed while no file needed the records (see ``_refresh``)."""
 
     def add_pod(self, uid: str, path: Path, pod: Mapping[str, Any], pod_ip: str) -> None:
         """Create the pod's hosts file (before its processes start)."""
         path.parent.mkdir(parents=True, exist_ok=True)
+        if self._stale:
+            self._stale = False
+            self._records = self.records()
         self._files[uid] = _PodFile(path, pod["metadata"]["namespace"], own_entries(pod, pod_ip))
         write_in_place(path, self._render(self._files[uid]))
 
@@ -249,6 +257,10 @@ class HostsFiles:
 
     def _refresh(self) -> None:
         self._flush = None
+        if not self._files:
+            self._stale = True  # nothing shows the records: computed when a file needs them
+            return
+        self._stale = False
         records = self.records()
         if records == self._records:
             return
