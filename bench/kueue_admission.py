@@ -35,14 +35,7 @@ TOPOLOGY = "4x8x8"  # v5p: 256 chips on 64 VMs
 NAMESPACE = "bench-kueue"
 TIMEOUT = 240.0
 WRITES = ("POST", "PATCH", "DELETE")
-TEMPLATE: dict[str, Any] = {
-    "spec": {
-        "terminationGracePeriodSeconds": 30,
-        "containers": [
-            {"name": "worker", "image": "bench.local/worker", "command": ["sleep", "infinity"]}
-        ],
-    }
-}
+TEMPLATE = harness.WORKER_TEMPLATE
 JOBS = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NAMESPACE}/{contract.JOB_PLURAL}"
 WORKLOADS = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{NAMESPACE}/workloads"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={contract.LABEL_SLICE_NAME}"

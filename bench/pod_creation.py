@@ -55,24 +55,18 @@ from tpu_operator.builders.slices import job_slice
 from tpu_operator.builders.wiring import PodWiring
 
 ACCELERATOR = "tpu-v5p-slice"
-TOPOLOGIES = {16: "4x4x4", 64: "4x8x8", 256: "8x8x16"}
+TOPOLOGIES = {16: "4x4x4", 64: "4x8x8", 256: "8x8x16", 1024: "16x16x16"}
 NAMESPACES = {
     "operator": "bench-op",
     "bare": "bench-bare",
     "bare-collection": "bench-barec",
     "jobset": "bench-js",
     "jobset-pinned": "bench-jsp",
+    "operator-b": "bench-opb",
 }
 ATTEMPT = contract.LABEL_RESTART_ATTEMPT
 CONCURRENCY = 32
-TEMPLATE: dict[str, Any] = {
-    "spec": {
-        "terminationGracePeriodSeconds": 30,
-        "containers": [
-            {"name": "worker", "image": "bench.local/worker", "command": ["sleep", "infinity"]}
-        ],
-    }
-}
+TEMPLATE = harness.WORKER_TEMPLATE
 TIMEOUT = 180.0
 
 
@@ -90,7 +84,11 @@ class Bench:
     api: Kube
     operator: harness.Operator | None
     jobset: jobset.JobSetController | None
+    operator_b: harness.Operator | None = None
+    """``operator-b``: a second operator with ``--b-args``, for an A/B in the same run."""
     trials: list[dict[str, Any]] = field(default_factory=list)
+    profile: Path | None = None
+    """Where py-spy writes the operator's stacks per timed trial (``--profile``)."""
 
     def kcm_pid(self) -> int:
         return int(self.cluster.status()["processes"]["kube-controller-manager"]["pid"])
@@ -118,7 +116,12 @@ async def drain(bench: Bench, namespace: str, pods: Watch, collections: list[str
             f"{path}?propagationPolicy=Background",
             ok=(404,),
         )
-    await bench.api.call("DELETE", f"/api/v1/namespaces/{namespace}/pods", ok=(404,))
+    try:
+        await bench.api.call("DELETE", f"/api/v1/namespaces/{namespace}/pods", ok=(404,))
+    except TimeoutError:
+        # The apiserver works through a collection DELETE serially and keeps going after
+        # the client's timeout (1,024 pods take longer than it); the watch below waits.
+        say(f"collection DELETE of the pods of {namespace} timed out; waiting for them")
     await pods.wait(lambda: not pods.alive(), TIMEOUT, f"the pods of {namespace} to be gone")
     for path in collections:
         await wait_empty(bench, path)
@@ -168,12 +171,15 @@ def jobs_path(namespace: str, plural: str = contract.JOB_PLURAL) -> str:
     return f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{namespace}/{plural}"
 
 
-async def trial_operator(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
-    assert bench.operator is not None
-    namespace, name = NAMESPACES["operator"], f"op{hosts}-{rep}"
+async def trial_operator(bench: Bench, hosts: int, rep: int, variant: str = "operator"):
+    operator = bench.operator_b if variant == "operator-b" else bench.operator
+    assert operator is not None
+    namespace = NAMESPACES[variant]
+    name = f"{'opb' if variant == 'operator-b' else 'op'}{hosts}-{rep}"
     pods = await pod_watch(bench, namespace)
     jobs = await Watch(bench.api, jobs_path(namespace)).start()
-    cpu = bench.operator.cpu()
+    profiler = await harness.profile(operator.pid, bench.profile, f"{name}.txt")
+    cpu, counters = operator.cpu(), operator.counters()
     started = time.monotonic()
     await bench.api.call("POST", jobs_path(namespace), tpujob(name, namespace, hosts))
     await pods.wait(lambda: pods.running_at(ATTEMPT, "1", hosts), TIMEOUT, f"{name} Running")
@@ -182,10 +188,11 @@ async def trial_operator(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
         "created": pods.created_at(ATTEMPT, "1", hosts) - started,  # type: ignore[operator]
         "running": pods.running_at(ATTEMPT, "1", hosts) - started,  # type: ignore[operator]
         "job_running": jobs.phase_at(name, "Running", started) - started,  # type: ignore[operator]
-        "cpu": bench.operator.cpu() - cpu,
+        "cpu": operator.cpu() - cpu,
+        "counters": harness.deltas(operator.counters(), counters),
     }
     victim = contract.pod_name(contract.slice_name(name, 0), hosts // 2)
-    cpu = bench.operator.cpu()
+    cpu, counters = operator.cpu(), operator.counters()
     failed = await kill(bench, namespace, victim)
     await pods.wait(lambda: pods.running_at(ATTEMPT, "2", hosts), TIMEOUT, f"{name} attempt 2")
     await jobs.wait(
@@ -193,8 +200,11 @@ async def trial_operator(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
     )
     restart = restart_figures(pods, ATTEMPT, "1", "2", hosts, failed)
     restart["job_running"] = jobs.phase_at(name, "Running", failed, attempt=2) - failed  # type: ignore[operator]
-    restart["cpu"] = bench.operator.cpu() - cpu
+    restart["cpu"] = operator.cpu() - cpu
+    restart["counters"] = harness.deltas(operator.counters(), counters)
     result["restart"] = restart
+    if profiler is not None:
+        await profiler.stop()
     await jobs.stop()
     await drain(bench, namespace, pods, [jobs_path(namespace), jobs_path(namespace, "tpuslices")])
     return result
@@ -421,6 +431,7 @@ async def trial_jobset(bench: Bench, hosts: int, rep: int, pinned: bool) -> dict
 Trial = Callable[[Bench, int, int], Awaitable[dict[str, Any]]]
 TRIALS: dict[str, Trial] = {
     "operator": trial_operator,
+    "operator-b": lambda b, h, r: trial_operator(b, h, r, variant="operator-b"),
     "bare": trial_bare,
     "bare-collection": lambda b, h, r: trial_bare(b, h, r, delete="collection"),
     "jobset": lambda b, h, r: trial_jobset(b, h, r, pinned=False),
@@ -499,7 +510,7 @@ def figures(trials: list[dict[str, Any]], variants: list[str], sizes: list[int])
                 "restart_time_ratio": ratios(mine, base, restarted),
                 "restart_cpu_s": times(mine, restart_value("cpu")),
             }
-            if variant == "operator":
+            if variant.startswith("operator"):
                 job_running = field_value("job_running")
                 entry["job_running_s"] = times(mine, job_running)
                 entry["job_running_ratio"] = ratios(mine, base, job_running, running)
@@ -543,11 +554,25 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--sizes", type=int, nargs="+", choices=sorted(TOPOLOGIES))
     parser.add_argument("--variants", nargs="+", choices=list(TRIALS))
+    parser.add_argument(
+        "--b-args",
+        default="",
+        help="flags of the operator-b variant (a second operator run side by side for an "
+        "A/B of an operator setting), e.g. --b-args='--gc-threshold=0'",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="record the operator with py-spy during each timed trial (create and restart) "
+        "into DIR/<trial>.txt (collapsed stacks) and print the top functions",
+    )
     args = parser.parse_args()
     sizes = args.sizes or ([16, 64] if args.quick else [16, 64, 256])
     reps = 2 if args.quick and args.reps == 5 else args.reps
     variants = args.variants or ["operator", "bare", "bare-collection", "jobset"]
-    pools = [harness.tpu_pool(pool_name(h), TOPOLOGIES[h], h) for h in sorted(TOPOLOGIES)]
+    # The 16-host pool is always there: the warm-up runs on it.
+    pools = [harness.tpu_pool(pool_name(h), TOPOLOGIES[h], h) for h in sorted({16, *sizes})]
     outcome: dict[str, Any] = {"jobset": None}
     with harness.bench_cluster(
         "pods", pools, namespaces=[NAMESPACES[v] for v in variants]
@@ -556,19 +581,33 @@ def main() -> None:
         if "operator" in variants:
             operator = harness.Operator(cluster, "pods", [f"--namespace={NAMESPACES['operator']}"])
             operator.start()
+        operator_b = None
+        if "operator-b" in variants:
+            operator_b = harness.Operator(
+                cluster, "pods-b", [f"--namespace={NAMESPACES['operator-b']}", *args.b_args.split()]
+            )
+            operator_b.start()
         controller = None
         try:
             if any(v.startswith("jobset") for v in variants):
                 controller, outcome["jobset"] = start_jobset(cluster)
                 if controller is None:
                     variants = [v for v in variants if not v.startswith("jobset")]
-            bench = Bench(cluster, None, operator, controller)  # type: ignore[arg-type]
+            bench = Bench(
+                cluster,
+                None,  # type: ignore[arg-type]
+                operator,
+                controller,
+                operator_b=operator_b,
+                profile=args.profile,
+            )
             asyncio.run(drive(bench, variants, sizes, reps))
         finally:
             if controller is not None:
                 controller.stop()
-            if operator is not None:
-                operator.stop()
+            for process in (operator, operator_b):
+                if process is not None:
+                    process.stop()
     results = figures(bench.trials, variants, sizes)
     report(results, variants, sizes)
     harness.write_results(
