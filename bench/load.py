@@ -1,0 +1,441 @@
+"""Benchmark: a thousand TPUJobs (about 10,000 pods) applied at once, against the bare client.
+
+A platform's busy day, not one large job: ``--jobs N`` TPUJobs of a mix a shared cluster
+has, per 100 jobs
+
+- 40 single-host ``v5litepod-4`` (1 pod; all on one shared pool of single-host VMs),
+- 30 ``v5litepod-16`` (4 pods), 22 ``v5litepod-64`` (16 pods),
+- 8 two-slice ``v5litepod-128`` (2 x 32 pods),
+
+1,024 pods per 100 jobs (10,240 at 1,000), one simulate-mode node pool per multi-host
+slice. Every job has ``monitoring.enabled: false``, so progress sampling adds nothing:
+this measures the operator's own bookkeeping. Variants, one after the other on the same
+cluster:
+
+- ``operator``: ``tpu-operator run`` (namespace ``load-op``) gets every TPUJob, POSTed 32
+  at a time; timed from the first POST to every pod Running and to every job's phase
+  Running. Then, with everything Running: the operator's steady CPU, RSS and API requests
+  per second over a quiet window; then it is SIGKILLed and started again, and the time
+  until its caches hold everything again (its ``tpu_operator_watch_events_total`` reaches
+  the number of pods and jobs: the initial listing delivers each object as an event) is
+  measured, with the requests it sends in the 20 s after (a restart must not touch the
+  pods).
+- ``bare``: ``bare_client.py`` (the official client in 32 threads, raw JSON) POSTs the same
+  pods (built with the operator's ``worker_pod``; without owner references, since nothing
+  here collects them) and nothing else; timed from its go to every pod Running.
+
+Operator CPU is also sampled every ``WINDOW`` seconds while jobs start (the peak window's
+share of a core). Figures are printed as a Markdown table and written to
+``bench/results/load.json``.
+
+    .venv/bin/python bench/load.py [--jobs 1000] [--reps 1] [--steady 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import harness
+from harness import say
+from kwatch import Watch, connect
+from pod_creation import BareProcess
+from scale import PodCounts
+
+from localcluster import Cluster
+from localcluster.agent.kube import Kube
+from tpu_operator import catalog, contract
+from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
+from tpu_operator.builders.wiring import PodWiring
+
+MIX = (("v5litepod-4", 1, 40), ("v5litepod-16", 1, 30), ("v5litepod-64", 1, 22),
+       ("v5litepod-128", 2, 8))  # fmt: skip
+"""(slice type, slices per job, jobs per 100)."""
+NAMESPACES = {"operator": "load-op", "bare": "load-bare"}
+SINGLE_POOL = "v5e-single"
+ATTEMPT = contract.LABEL_RESTART_ATTEMPT
+CONCURRENCY = 32
+WINDOW = 10.0
+"""Seconds per CPU sample while the jobs start."""
+TIMEOUT = 1800.0
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    name: str
+    slice_type: str
+    slices: int
+    pools: tuple[str, ...]
+    """The pool of each slice (the shared single-host pool for single-host jobs)."""
+
+    @property
+    def shape(self) -> catalog.SliceShape:
+        accelerator, topology = catalog.short_types()[self.slice_type]
+        return catalog.shape(accelerator, topology)
+
+    @property
+    def pods(self) -> int:
+        return self.shape.hosts * self.slices
+
+
+def plan(jobs: int) -> list[JobPlan]:
+    """The jobs of the mix, ``jobs`` in all, and a pool name for each multi-host slice."""
+    plans: list[JobPlan] = []
+    for slice_type, slices, per_hundred in MIX:
+        count = round(jobs * per_hundred / 100)
+        hosts = catalog.shape(*catalog.short_types()[slice_type]).hosts
+        for i in range(count):
+            name = f"{slice_type.replace('v5litepod', 'e')}-{i:04d}"
+            pools = tuple(SINGLE_POOL if hosts == 1 else f"{name}-s{s}" for s in range(slices))
+            plans.append(JobPlan(name, slice_type, slices, pools))
+    return plans
+
+
+def pools_for(plans: list[JobPlan]) -> list[Any]:
+    single = [p for p in plans if p.shape.hosts == 1]
+    pools = []
+    if single:
+        accelerator, topology = catalog.short_types()[single[0].slice_type]
+        pools.append(harness.tpu_pool(SINGLE_POOL, topology, len(single), accelerator))
+    for p in plans:
+        if p.shape.hosts == 1:
+            continue
+        accelerator, topology = catalog.short_types()[p.slice_type]
+        pools += [harness.tpu_pool(pool, topology, p.shape.hosts, accelerator) for pool in p.pools]
+    return pools
+
+
+def tpujob(p: JobPlan, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.JOB_KIND,
+        "metadata": {"name": p.name, "namespace": namespace},
+        "spec": {
+            "slice": {"type": p.slice_type},
+            "numSlices": p.slices,
+            "template": copy.deepcopy(harness.WORKER_TEMPLATE),
+            "monitoring": {"enabled": False},
+        },
+    }
+
+
+def bare_pods(plans: list[JobPlan], namespace: str) -> list[dict[str, Any]]:
+    """Every pod of every job as the operator builds it (owner references dropped)."""
+    pods = []
+    owner = Owner(contract.API_VERSION, contract.SLICE_KIND, "inert", "0")
+    for p in plans:
+        for index, pool in enumerate(p.pools):
+            for worker in range(p.shape.hosts):
+                wiring = PodWiring(
+                    job_name=p.name,
+                    service=p.name,
+                    slice_name=contract.slice_name(p.name, index),
+                    shape=p.shape,
+                    num_slices=p.slices,
+                    slice_index=index,
+                    worker_index=worker,
+                    attempt=1,
+                )
+                pod = worker_pod(
+                    namespace=namespace,
+                    wiring=wiring,
+                    template=harness.WORKER_TEMPLATE,
+                    owner=owner,
+                    placement=NodePlacement(node_pool=pool),
+                )
+                del pod["metadata"]["ownerReferences"]
+                pods.append(pod)
+    return pods
+
+
+def jobs_path(namespace: str) -> str:
+    return f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{namespace}/{contract.JOB_PLURAL}"
+
+
+def pods_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods"
+
+
+@dataclass
+class Bench:
+    cluster: Cluster
+    api: Kube
+    plans: list[JobPlan]
+    steady: float
+    trials: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def total_pods(self) -> int:
+        return sum(p.pods for p in self.plans)
+
+
+class CpuSampler:
+    """A process's CPU share of one core per ``WINDOW`` seconds, while it runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.shares: list[float] = []
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        last, at = harness.cpu_seconds(self.pid), time.monotonic()
+        while True:
+            await asyncio.sleep(WINDOW)
+            cpu, now = harness.cpu_seconds(self.pid), time.monotonic()
+            self.shares.append((cpu - last) / (now - at))
+            last, at = cpu, now
+
+    async def stop(self) -> list[float]:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        return self.shares
+
+
+async def post_all(api: Kube, bodies: list[tuple[str, dict[str, Any]]]) -> None:
+    slots = asyncio.Semaphore(CONCURRENCY)
+
+    async def post(path: str, body: dict[str, Any]) -> None:
+        async with slots:
+            await api.call("POST", path, body)
+
+    await asyncio.gather(*(post(path, body) for path, body in bodies))
+
+
+async def drain(bench: Bench, namespace: str, pods: PodCounts) -> None:
+    """Delete the TPUJobs (their slices and pods go with them) and any pod left."""
+    for path in (jobs_path(namespace), pods_path(namespace)):
+        try:
+            await bench.api.call("DELETE", f"{path}?propagationPolicy=Background", ok=(404,))
+        except TimeoutError:
+            say(f"collection DELETE {path} outlived the client's timeout; waiting")
+    await pods.wait(lambda: pods.live == 0, TIMEOUT, f"the pods of {namespace} to be gone")
+    await pods.stop()
+
+
+async def trial_operator(bench: Bench, rep: int) -> dict[str, Any]:
+    namespace = NAMESPACES["operator"]
+    operator = harness.Operator(bench.cluster, f"load-{rep}", [f"--namespace={namespace}"])
+    operator.start()
+    pods = PodCounts(bench.api, pods_path(namespace))
+    await pods.start()
+    jobs = await Watch(bench.api, jobs_path(namespace)).start()
+    total, count = bench.total_pods, len(bench.plans)
+    try:
+        harness.reset_peak(operator.pid)
+        cpu, requests = operator.cpu(), operator.requests()
+        sampler = CpuSampler(operator.pid)
+        started = time.monotonic()
+        say(f"operator: POSTing {count} TPUJobs ({total} pods)")
+        await post_all(
+            bench.api, [(jobs_path(namespace), tpujob(p, namespace)) for p in bench.plans]
+        )
+        posted = time.monotonic() - started
+        await pods.wait(lambda: pods.at("running", "1", total), TIMEOUT, "every pod Running")
+
+        def jobs_running() -> bool:
+            return sum(1 for s in jobs.objects.values() if s.phase == "Running") == count
+
+        job_running = await jobs.wait(jobs_running, TIMEOUT, "every job Running")
+        result: dict[str, Any] = {
+            "posted": posted,
+            "created": pods.at("created", "1", total) - started,  # type: ignore[operator]
+            "running": pods.at("running", "1", total) - started,  # type: ignore[operator]
+            "job_running": job_running - started,
+        }
+        shares = await sampler.stop()
+        result["cpu"] = operator.cpu() - cpu
+        result["cpu_peak_share"] = max(shares, default=None)
+        result["requests"] = harness.deltas(operator.requests(), requests)
+        result["peak_mb"] = harness.memory_mb(operator.pid)["peak"]
+        say(f"operator: all Running after {result['running']:.1f} s; steady window")
+        await asyncio.sleep(10)  # paced status writes of the last jobs
+        cpu, requests, at = operator.cpu(), operator.requests(), time.monotonic()
+        await asyncio.sleep(bench.steady)
+        elapsed = time.monotonic() - at
+        moved = harness.deltas(operator.requests(), requests)
+        result["steady"] = {
+            "cpu_share": (operator.cpu() - cpu) / elapsed,
+            "rss_mb": harness.memory_mb(operator.pid)["rss"],
+            "requests_per_s": sum(moved.values()) / elapsed,
+            "requests": moved,
+        }
+        result["restart"] = await restart(operator, total, count)
+    finally:
+        await jobs.stop()
+        say("operator: deleting the jobs")
+        await drain(bench, namespace, pods)
+        operator.stop()
+    return result
+
+
+async def restart(operator: harness.Operator, pods: int, jobs: int) -> dict[str, Any]:
+    """SIGKILL the operator, start it again; how long until its caches are full again and
+    what it sends in the 20 s after."""
+    operator.kill()
+    started = time.monotonic()
+    await asyncio.to_thread(operator.start)
+    healthy = time.monotonic() - started
+    while True:
+        events = harness.watch_events(operator.metrics())
+        if events["pods"] >= pods and events["jobs"] >= jobs:
+            break
+        if time.monotonic() - started > TIMEOUT:
+            raise TimeoutError(f"the restarted operator's caches after {TIMEOUT:.0f} s: {events}")
+        await asyncio.sleep(0.2)
+    filled = time.monotonic() - started
+    before = operator.requests()
+    await asyncio.sleep(20)
+    return {
+        "healthy": healthy,
+        "caches_filled": filled,
+        "rss_mb": harness.memory_mb(operator.pid)["rss"],
+        "requests_after": harness.deltas(operator.requests(), before),
+    }
+
+
+async def trial_bare(bench: Bench, rep: int) -> dict[str, Any]:
+    namespace = NAMESPACES["bare"]
+    total = bench.total_pods
+    pods_file = bench.cluster.directory / "load.pods.json"
+    pods_file.write_text(json.dumps({"first": bare_pods(bench.plans, namespace), "second": []}))
+    pods = PodCounts(bench.api, pods_path(namespace))
+    await pods.start()
+    bare = await BareProcess.start(bench, namespace, pods_file, "each")  # type: ignore[arg-type]
+    try:
+        started = await bare.go()
+        go = await bare.expect("go")
+        created = await bare.expect("created")
+        await pods.wait(lambda: pods.at("running", "1", total), TIMEOUT, "every pod Running")
+        result = {
+            "created": pods.at("created", "1", total) - started,  # type: ignore[operator]
+            "running": pods.at("running", "1", total) - started,  # type: ignore[operator]
+            "cpu": created["cpu"] - go["cpu"],
+        }
+    finally:
+        if bare.process.returncode is None:
+            bare.process.kill()
+            await bare.process.wait()
+        await drain(bench, namespace, pods)
+    return result
+
+
+def figures(trials: list[dict[str, Any]], pods: int) -> dict[str, Any]:
+    """Per variant: medians [min-max] of the times, CPU per pod; operator/bare ratios."""
+    out: dict[str, Any] = {}
+    for variant in NAMESPACES:
+        mine = [t for t in trials if t["variant"] == variant]
+        out[variant] = {
+            key: harness.summary([t[key] for t in mine]) for key in ("created", "running", "cpu")
+        }
+        out[variant]["cpu_ms_per_pod"] = harness.summary([1000 * t["cpu"] / pods for t in mine])
+    op = {t["rep"]: t for t in trials if t["variant"] == "operator"}
+    bare = {t["rep"]: t for t in trials if t["variant"] == "bare"}
+    common = sorted(set(op) & set(bare))
+    for key in ("created", "running", "cpu"):
+        out[f"{key}_vs_bare"] = harness.summary([op[r][key] / bare[r][key] for r in common])
+    for key, get in (
+        ("job_running", lambda t: t["job_running"]),
+        ("peak_mb", lambda t: t["peak_mb"]),
+        ("cpu_peak_share", lambda t: t["cpu_peak_share"]),
+        ("steady_cpu_share", lambda t: t["steady"]["cpu_share"]),
+        ("steady_rss_mb", lambda t: t["steady"]["rss_mb"]),
+        ("steady_requests_per_s", lambda t: t["steady"]["requests_per_s"]),
+        ("restart_caches_filled", lambda t: t["restart"]["caches_filled"]),
+        ("restart_rss_mb", lambda t: t["restart"]["rss_mb"]),
+        ("restart_pod_writes", lambda t: sum(
+            t["restart"]["requests_after"].get(v, 0) for v in ("POST", "DELETE"))),
+    ):  # fmt: skip
+        out[key] = harness.summary([get(t) for t in op.values()])
+    return out
+
+
+def report(results: dict[str, Any], jobs: int, pods: int) -> None:
+    s = harness.spread
+    rows = [
+        [v, s(results[v]["created"]), s(results[v]["running"]), s(results[v]["cpu_ms_per_pod"])]
+        for v in NAMESPACES
+    ]
+    print(f"\n{jobs} TPUJobs, {pods} pods, applied at once (median [min-max])")
+    print(harness.table(["variant", "all pods created s", "all Running s", "CPU ms per pod"], rows))
+    print(
+        harness.table(
+            ["operator", "value"],
+            [
+                ["all Running, vs bare", s(results["running_vs_bare"])],
+                ["every job's phase Running s", s(results["job_running"])],
+                ["CPU per pod vs bare", s(results["cpu_vs_bare"])],
+                ["RSS peak MB", s(results["peak_mb"], 0)],
+                [f"CPU, busiest {WINDOW:.0f} s window (cores)", s(results["cpu_peak_share"])],
+                ["steady CPU (cores)", s(results["steady_cpu_share"], 3)],
+                ["steady RSS MB", s(results["steady_rss_mb"], 0)],
+                ["steady API requests/s", s(results["steady_requests_per_s"])],
+                ["restart: caches filled s", s(results["restart_caches_filled"])],
+                ["restart: RSS MB", s(results["restart_rss_mb"], 0)],
+                ["restart: pod POSTs+DELETEs in 20 s", s(results["restart_pod_writes"], 0)],
+            ],
+        )
+    )
+
+
+async def drive(bench: Bench, reps: int) -> None:
+    bench.api = connect(bench.cluster, limit=CONCURRENCY)
+    try:
+        for rep in range(1, reps + 1):
+            order = ["operator", "bare"] if rep % 2 else ["bare", "operator"]
+            for variant in order:
+                trial = trial_operator if variant == "operator" else trial_bare
+                result = await trial(bench, rep)
+                bench.trials.append({"variant": variant, "rep": rep, **result})
+                say(f"rep {rep} {variant}: all Running {result['running']:.1f} s, "
+                    f"CPU {result['cpu']:.1f} s")  # fmt: skip
+    finally:
+        await bench.api.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--steady", type=float, default=60.0, help="seconds of steady window")
+    args = parser.parse_args()
+    plans = plan(args.jobs)
+    pools = pools_for(plans)
+    nodes = sum(p.vms for p in pools)
+    total = sum(p.pods for p in plans)
+    say(f"{len(plans)} jobs, {total} pods, {len(pools)} pools, {nodes} nodes")
+    with harness.bench_cluster(
+        "load",
+        pools,
+        grace=harness.quiet_grace(nodes),
+        namespaces=list(NAMESPACES.values()),
+        timeout=TIMEOUT,
+    ) as cluster:
+        bench = Bench(cluster, None, plans, args.steady)  # type: ignore[arg-type]
+        asyncio.run(drive(bench, args.reps))
+    results = figures(bench.trials, total)
+    report(results, len(plans), total)
+    harness.write_results(
+        "load",
+        {
+            "machine": harness.machine(),
+            "settings": {
+                "jobs": len(plans),
+                "pods": total,
+                "nodes": nodes,
+                "reps": args.reps,
+                "mix": MIX,
+                "steady_s": args.steady,
+            },
+            "figures": results,
+            "trials": bench.trials,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
