@@ -90,9 +90,17 @@ SETTLE = 2.0
 """Seconds after a phase before its cost is read (paced status writes), at least."""
 STEADY = 5.0
 """Seconds with the job Running over which the operator's idle CPU is measured."""
-MEMORY = {"base_mb": 1500.0, "per_node_mb": 0.25, "per_pod_mb": 0.35}
-"""Memory model of a run (whole machine: control plane, agent, operator, bare client and
-this process), from measured runs: see bench/README.md, "Scale"."""
+MEMORY = {"base_mb": 1000.0, "per_node_mb": 0.1, "per_pod_mb": 0.85}
+"""Memory model of a trial (the sum of the peak RSS of etcd, kube-apiserver, the
+controller-manager, the scheduler, the node agent, the operator or bare client and this
+process), fitted to measured runs: 4,096 nodes and a 4,096-pod job peaked at 5.1 GB
+(kube-apiserver 2.4 GB, etcd 0.8, node agent 0.6, controller-manager 0.5, operator 0.4,
+scheduler 0.3); 12,736 idle nodes take 1.35 GB (bench/README.md, "Scale")."""
+
+
+WARMUP_TIMEOUT = 3600.0
+"""Seconds the warm-up job may take: it includes the operator's start-up, which grows with
+the square of the cluster's TPU nodes (about 48 s with 4,096; bench/README.md, "Scale")."""
 
 
 def timeout_for(hosts: int) -> float:
@@ -262,7 +270,12 @@ class Bench:
     api: Kube
     operator: harness.Operator | None
     trials: list[dict[str, Any]] = field(default_factory=list)
+    warmups: list[dict[str, Any]] = field(default_factory=list)
+    """The untimed first job of each variant (the operator's includes its start-up: its
+    caches of every TPU node fill before it assigns node pools)."""
     profile: Path | None = None
+    operator_started: float = 0.0
+    """When ``tpu-operator run`` answered its health check (monotonic)."""
 
 
 async def kill(bench: Bench, namespace: str, pod: str) -> float:
@@ -276,7 +289,7 @@ async def trial_operator(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
     operator = bench.operator
     assert operator is not None
     namespace, name = NAMESPACES["operator"], f"op{hosts}-{rep}"
-    timeout = timeout_for(hosts)
+    timeout = timeout_for(hosts) if rep else WARMUP_TIMEOUT
     pods = PodCounts(bench.api, pods_path(namespace))
     await pods.start()
     jobs = await Watch(bench.api, jobs_path(namespace)).start()
@@ -310,12 +323,15 @@ async def operator_phases(
     pid = bench.operator.pid
     started = time.monotonic()
     await bench.api.call("POST", jobs_path(namespace), tpujob(name, namespace, hosts))
+    post_after_start = started - bench.operator_started
     await pods.wait(lambda: pods.at("running", "1", hosts), limit, f"{name}: all Running")
     await jobs.wait(lambda: jobs.phase_at(name, "Running", started), limit, f"{name} phase")
     result: dict[str, Any] = {
+        "first_created": since(pods.at("created", "1", 1), started),
         "created": since(pods.at("created", "1", hosts), started),
         "running": since(pods.at("running", "1", hosts), started),
         "job_running": since(jobs.phase_at(name, "Running", started), started),
+        "post_after_start": post_after_start,
     }
     await quiesce(pid)
     result["create_cost"] = meter.phase()
@@ -469,7 +485,7 @@ class BareProcess:
 
 async def trial_bare(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
     namespace, name = NAMESPACES["bare"], f"bare{hosts}-{rep}"
-    timeout = timeout_for(hosts)
+    timeout = timeout_for(hosts) if rep else WARMUP_TIMEOUT
     owners = await bare_owners(bench, name, namespace, hosts)
     job_file = bench.cluster.directory / f"{name}.job.json"
     job = {"name": name, "namespace": namespace, "accelerator": ACCELERATOR,
@@ -578,7 +594,14 @@ async def run_trials(bench: Bench, variants: list[str], sizes: list[int], reps: 
     failures: dict[int, str] = {}
     say("warm-up: one untimed 64-host (1-slice) job of each variant")
     for variant in variants:
-        await TRIALS[variant](bench, 64, 0)
+        warmup = await TRIALS[variant](bench, 64, 0)
+        bench.warmups.append({"variant": variant, "hosts": 64, "rep": 0, **warmup})
+        say(
+            f"warm-up {variant}: first pod {warmup.get('first_created') or 0:.1f} s, all "
+            f"Running {warmup['running']:.1f} s after the POST"
+            + (f" ({warmup['post_after_start']:.1f} s after the operator started)"
+               if "post_after_start" in warmup else "")
+        )  # fmt: skip
     for rep in range(1, reps + 1):
         for hosts in sizes:
             if hosts in failures:
@@ -815,6 +838,7 @@ def main() -> None:
             operator.start()
         try:
             bench = Bench(cluster, None, operator, profile=args.profile)  # type: ignore[arg-type]
+            bench.operator_started = time.monotonic()
             failures = asyncio.run(drive(bench, variants, sizes, args.reps))
         finally:
             if operator is not None:
@@ -841,6 +865,7 @@ def main() -> None:
                 "memory_model": MEMORY,
             },
             "not_finished": failures,
+            "warmups": bench.warmups,
             "figures": results,
             "trials": bench.trials,
         },

@@ -92,6 +92,8 @@ def test_counter_writes_wait_for_the_rest_of_the_interval():
         (0, 0.1, 0.1),  # a job without pods yet: the operator's minimum
         (256, 0.1, 0.1),
         (1_000, 0.1, 0.1),  # up to 1,000 pods nothing changes
+        (500, 0.0, 0.0),  # not even a minimum of 0 (reconcile on every event)
+        (2_000, 0.0, 0.2),
         (4_096, 0.1, 0.4096),
         (12_736, 0.1, 1.2736),  # 199 slices of v5litepod-256
         (12_736, 2.0, 2.0),  # a larger minimum wins

@@ -36,11 +36,15 @@ GOODPUT_STATE = "finishedAttempts"
 DEFAULT_INTERVAL = 1.0
 PER_POD = 0.0001
 """Seconds of reconcile spacing per pod of the object (0.1 s per 1,000 pods)."""
+SPACED_FROM = 1000
+"""Objects of up to this many pods keep the operator's minimum as it is (even 0)."""
 MAX_SPACING = 5.0
 
 
 def reconcile_spacing(pods: int, minimum: float) -> float:
     """Least time between two reconciles of an object with ``pods`` worker pods."""
+    if pods <= SPACED_FROM:
+        return minimum
     return max(minimum, min(MAX_SPACING, pods * PER_POD))
 
 
