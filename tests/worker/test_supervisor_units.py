@@ -24,6 +24,7 @@ from tpu_worker.supervisor import (
     decide_checkpoint,
     decide_start,
     decide_stop,
+    exit_after_stop,
     exit_code,
     exit_reason,
     is_ready,
@@ -97,6 +98,20 @@ def test_exit_codes_and_reasons() -> None:
     assert (exit_code(0), exit_reason(0)) == (0, "Exited")
     assert (exit_code(75), exit_reason(75)) == (75, "Exited")
     assert (exit_code(-signal.SIGTERM), exit_reason(-signal.SIGTERM)) == (143, "Signaled: SIGTERM")
+
+
+@pytest.mark.parametrize(
+    ("returncode", "expected"),
+    [
+        (None, contract.EXIT_RETRYABLE),  # no child ran
+        (contract.EXIT_RETRYABLE, contract.EXIT_RETRYABLE),  # checkpointed and exited 75
+        (-signal.SIGTERM, contract.EXIT_RETRYABLE),  # died of SIGTERM before its handler
+        (1, 1),  # failed on its own while stopping: the failure stands
+        (-signal.SIGKILL, 137),  # did not end within its grace
+    ],
+)
+def test_exit_code_after_sigterm(returncode: int | None, expected: int) -> None:
+    assert exit_after_stop(returncode) == expected
 
 
 def test_child_env_and_who_supervises() -> None:

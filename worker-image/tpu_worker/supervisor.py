@@ -11,7 +11,7 @@ Exit: the child's exit 0 ends the supervisor with 0. A failed child is kept as "
 while the supervisor waits up to ``contract.ENV_SUPERVISOR_WAIT`` seconds for a start
 command, then exits with the child's code (the pod fails; the operator recreates pods).
 SIGTERM/SIGINT is passed to the child (it checkpoints), and the supervisor exits with the
-child's code.
+child's code (``exit_after_stop``: 75 for a child the SIGTERM itself killed).
 """
 
 from __future__ import annotations
@@ -104,6 +104,17 @@ def decide_checkpoint(child: Child | None, attempt: int, seen: bool) -> Action:
 def exit_code(returncode: int) -> int:
     """A process exit code as a shell reports it: 128 + N when killed by signal N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def exit_after_stop(returncode: int | None) -> int:
+    """The supervisor's exit code once SIGTERM stopped the child (``returncode``: the
+    child's, None if there was none). A child that handled SIGTERM exits as it decides
+    (75 after a checkpoint). One that died of the SIGTERM itself had not installed its
+    handler yet (still importing JAX): that is a stop asked from outside, not a failed
+    attempt, so it is retryable too."""
+    if returncode is None or returncode == -signal.SIGTERM:
+        return contract.EXIT_RETRYABLE
+    return exit_code(returncode)
 
 
 def exit_reason(returncode: int) -> str:
@@ -381,9 +392,7 @@ class Supervisor:
         self._stop_child(self._grace_s + STOP_MARGIN_S, "supervisor got SIGTERM")
         with self._lock:
             last = self._child
-        if last is None or last.returncode is None:
-            return contract.EXIT_RETRYABLE
-        return exit_code(last.returncode)
+        return exit_after_stop(None if last is None else last.returncode)
 
 
 def configure_logging() -> None:
