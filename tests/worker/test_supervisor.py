@@ -69,11 +69,18 @@ def status(pod: launch.Pod) -> dict[str, object]:
 
 
 def ready(pod: launch.Pod) -> int:
+    """The readiness probe's HTTP status; 0 while nothing listens on the control port yet."""
     try:
         with urllib.request.urlopen(pod.control_url + sv.READY_PATH, timeout=30) as response:
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
+    except urllib.error.URLError as error:
+        # The supervisor logs its key check before it binds the port, so a probe that
+        # follows that log line can arrive first; the kubelet counts that as not ready too.
+        if isinstance(error.reason, ConnectionRefusedError):
+            return 0
+        raise
 
 
 def until(what: str, check: Callable[[], bool], timeout_s: float, gang: launch.Gang) -> None:
