@@ -1,11 +1,12 @@
 """kopf wiring: watch caches (indexes), event handlers that enqueue keys, start-up,
 kopf's settings and ``run``.
 
-kopf watches TPUJobs, TPUSlices, worker pods (server-side filtered by the slice label)
-and TPU nodes, keeps compact views of them in indexes, and calls the ``on.event``
-handlers below, which only enqueue keys for the reconcilers. Nothing here writes to any
-object: kopf stores no annotations, finalizers or handler results on TPUJobs, TPUSlices
-or pods, so deleting a TPUJob never waits for the operator.
+kopf watches TPUJobs, TPUSlices and TPU nodes (server-side filtered by the accelerator
+label), keeps compact views of them in indexes, and calls the ``on.event`` handlers below,
+which only enqueue keys for the reconcilers. Worker pods, by far the most numerous and
+busiest objects, have a watch of the operator's own (``runtime/podwatch.py``), started
+here. Nothing here writes to any object: kopf stores no annotations, finalizers or
+handler results on TPUJobs or TPUSlices, so deleting a TPUJob never waits for the operator.
 
 With leader election (``--leader-elect``) every replica watches and indexes (a warm
 standby), and the handlers enqueue only in the replica that acts (``_acting``).
@@ -29,7 +30,7 @@ from tpu_operator.runtime.app import OperatorConfig, Runtime
 from tpu_operator.runtime.caches import slice_job_name
 from tpu_operator.runtime.kube import connection_info, load_configuration
 from tpu_operator.runtime.leader import LeaderElector
-from tpu_operator.state.views import node_view, pod_view
+from tpu_operator.state.views import node_view
 
 log = logging.getLogger(__name__)
 RUNTIME_KEY = "runtime"
@@ -41,6 +42,7 @@ ELECTOR_KEY = "elector"
 LEADING_KEY = "leading"
 STOP_KEY = "stop"
 LOST_KEY = "lost"
+PODS_KEY = "pod-list"
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -66,21 +68,6 @@ def _snapshot(body: kopf.Body) -> dict[str, Any]:
     raw = copy.deepcopy(dict(body))
     raw.get("metadata", {}).pop("managedFields", None)
     return raw
-
-
-@kopf.index("v1", "pods", labels={contract.LABEL_SLICE_NAME: kopf.PRESENT})
-async def tpu_pods(body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    view = pod_view(body)
-    if view is None:
-        return None
-    keys: dict[Any, Any] = {("slice", view.namespace, view.slice_name): view}
-    if view.job_owned:
-        keys[("job", view.namespace, view.job_name)] = view
-    if view.node:
-        keys[("node", view.node)] = view
-    if view.pool:
-        keys[("pool", view.pool)] = view
-    return keys
 
 
 @kopf.index(contract.GROUP, contract.VERSION, contract.SLICE_PLURAL)
@@ -179,27 +166,6 @@ async def slice_changed(
         runtime.jobs.add(_key(namespace, job))
 
 
-@kopf.on.event("v1", "pods", labels={contract.LABEL_SLICE_NAME: kopf.PRESENT})
-async def pod_changed(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
-    view = pod_view(body)
-    if view is None:
-        return
-    _relisted(memo, "pods", type)
-    if type == "DELETED":
-        _runtime(memo).caches.tombstones.record(view)  # a standby keeps them too
-    runtime = _acting(memo)
-    if runtime is None:
-        return
-    runtime.slices.add((view.namespace, view.slice_name))
-    if view.job_owned:
-        runtime.jobs.add((view.namespace, view.job_name))
-    # A pool changes hands when the last pod on it is gone: wake whoever waits for one
-    # now rather than at their next periodic retry.
-    freed = view.pool and (type == "DELETED" or view.terminal)
-    if freed and not any(p.active for p in runtime.caches.pods_in_pool(view.pool or "")):
-        runtime.wake_waiting()
-
-
 @kopf.on.event("v1", "nodes", labels={contract.NODE_LABEL_ACCELERATOR: kopf.PRESENT})
 async def node_changed(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
     _relisted(memo, "nodes", type)
@@ -226,18 +192,15 @@ async def started(memo: Any, **kwargs: Any) -> None:
     config = memo["config"]
     # kopf passes every index under its function's name (typed only as **kwargs).
     runtime = Runtime(
-        config,
-        pods=kwargs["tpu_pods"],
-        slices=kwargs["tpu_slices"],
-        jobs=kwargs["tpu_jobs"],
-        nodes=kwargs["tpu_nodes"],
+        config, slices=kwargs["tpu_slices"], jobs=kwargs["tpu_jobs"], nodes=kwargs["tpu_nodes"]
     )
     memo[RUNTIME_KEY] = runtime
     if "tpu_workloads" in kwargs:
         runtime.caches.attach_workloads(kwargs["tpu_workloads"])
+    memo[PODS_KEY] = asyncio.create_task(runtime.watch_pods(), name="pod-list")
     runtime.serve()
     if config.leader_election is None:
-        runtime.start()
+        memo[LEADING_KEY] = asyncio.create_task(runtime.act(), name="act")
     else:
         elector = LeaderElector(config.leader_election, load_configuration(config.kubeconfig))
         memo[ELECTOR_KEY] = elector
@@ -258,9 +221,10 @@ def _on_lost(memo: Any) -> Callable[[str], None]:
 
 @kopf.on.cleanup()
 async def stopping(memo: Any, **_: Any) -> None:
-    leading = memo.get(LEADING_KEY)
-    if leading is not None:
-        leading.cancel()
+    for key in (LEADING_KEY, PODS_KEY):
+        task = memo.get(key)
+        if task is not None:
+            task.cancel()
     runtime = memo.get(RUNTIME_KEY)
     if runtime is not None:
         await asyncio.wait_for(runtime.stop(), timeout=10)
@@ -309,9 +273,7 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
 def operator_settings() -> kopf.OperatorSettings:
     config = kopf.OperatorSettings()
-    # Watch only the operator's pods and TPU nodes (filtered by the apiserver, so the
-    # operator never holds every pod of a large cluster in memory).
-    config.watching.label_selectors["v1", "pods"] = contract.LABEL_SLICE_NAME
+    # Watch only TPU nodes (filtered by the apiserver: a large cluster has many others).
     config.watching.label_selectors["v1", "nodes"] = contract.NODE_LABEL_ACCELERATOR
     config.watching.server_timeout = 300
     config.watching.client_timeout = 330

@@ -33,6 +33,8 @@ from tpu_operator.reconcile.slices import SliceReconciler
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.runtime.events import ObjectRef
 from tpu_operator.runtime.kube import ApiError, namespaced
+from tpu_operator.runtime.podwatch import pod_keys
+from tpu_operator.state.views import pod_view
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 NS = "ml"
@@ -224,7 +226,7 @@ class FakeCluster:
     def _remove(self, path: str) -> None:
         obj = self.objects.pop(path)
         if "/pods/" in path:
-            view = controllers.pod_view(obj)
+            view = pod_view(obj)
             if view is not None:
                 self.caches.tombstones.record(view)
         if f"/{contract.JOB_PLURAL}/" in path:  # owner-reference garbage collection
@@ -431,7 +433,8 @@ class FakeCluster:
             if key.startswith("/api/v1/nodes/"):
                 kind, keys = "nodes", _sync(controllers.tpu_nodes(body=obj))
             elif "/pods/" in key:
-                kind, keys = "pods", _sync(controllers.tpu_pods(body=obj))
+                view = pod_view(obj)
+                kind, keys = "pods", dict.fromkeys(pod_keys(view), view) if view else None
             elif f"/{contract.SLICE_PLURAL}/" in key:
                 meta = obj["metadata"]
                 kind = "slices"

@@ -16,6 +16,8 @@ from tpu_operator.runtime import audit
 from tpu_operator.runtime.audit import CacheAudit, stale
 from tpu_operator.runtime.caches import KINDS, Caches
 from tpu_operator.runtime.kube import RequestRecord
+from tpu_operator.runtime.podwatch import PodStore
+from tpu_operator.state.views import pod_view
 
 pytestmark = pytest.mark.unit
 
@@ -68,14 +70,18 @@ class Indexes:
     """kopf's own indexers, filled with the operator's own index functions."""
 
     def __init__(self) -> None:
-        self.indexers = {kind: OperatorIndexer() for kind in KINDS}
+        self.indexers = {kind: OperatorIndexer() for kind in KINDS if kind != "pods"}
+        self.pods = PodStore()  # the operator's own pod watch keeps them
         self._keys = OperatorIndexers()
 
     def put(self, kind: str, body: dict[str, Any]) -> None:
         meta = body["metadata"]
         if kind == "pods":
-            keys = _sync(controllers.tpu_pods(body=kopf.Body(body)))
-        elif kind == "nodes":
+            view = pod_view(body)
+            assert view is not None
+            self.pods.put(view)
+            return
+        if kind == "nodes":
             keys = _sync(controllers.tpu_nodes(body=kopf.Body(body)))
         else:
             function = controllers.tpu_jobs if kind == "jobs" else controllers.tpu_slices
@@ -85,7 +91,8 @@ class Indexes:
         self.indexers[kind].replace(self._keys.make_key(kopf.Body(body)), keys)
 
     def caches(self) -> Caches:
-        return Caches(**{kind: indexer.index for kind, indexer in self.indexers.items()})
+        indexes = {kind: indexer.index for kind, indexer in self.indexers.items()}
+        return Caches(pods=self.pods, **indexes)
 
 
 class FakeKube:

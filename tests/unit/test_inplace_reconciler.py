@@ -16,11 +16,11 @@ import pytest
 from tests.unit.fakeapi import FakeCluster, stamp
 from tpu_operator import contract
 from tpu_operator.api.status import Reason, RestartKind
-from tpu_operator.controllers import pod_view
 from tpu_operator.decisions import restart_kind
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime.control import ControlError, ProcessState
 from tpu_operator.state.gang import WorkerFailure
+from tpu_operator.state.views import pod_view
 
 pytestmark = pytest.mark.unit
 

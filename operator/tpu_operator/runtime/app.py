@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,7 +35,9 @@ from tpu_operator.runtime.control import ControlChannel, load_master_key
 from tpu_operator.runtime.events import EventRecorder
 from tpu_operator.runtime.kube import ApiError, Kube, RequestRecord, load_configuration
 from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
+from tpu_operator.runtime.podwatch import PodStore, PodWatch
 from tpu_operator.runtime.workqueue import WorkQueue
+from tpu_operator.state.views import PodView
 
 log = logging.getLogger(__name__)
 
@@ -89,17 +92,18 @@ class OperatorConfig:
 
 
 class Runtime:
-    def __init__(
-        self, config: OperatorConfig, *, pods: Index, slices: Index, jobs: Index, nodes: Index
-    ) -> None:
+    def __init__(self, config: OperatorConfig, *, slices: Index, jobs: Index, nodes: Index) -> None:
         self.config = config
         self.metrics = OperatorMetrics()
+        kube_config = load_configuration(config.kubeconfig)
         self.kube = Kube(
-            load_configuration(config.kubeconfig),
-            concurrency=config.api_concurrency,
-            observer=self._api_request,
+            kube_config, concurrency=config.api_concurrency, observer=self._api_request
         )
+        pods = PodStore()
         self.caches = Caches(pods=pods, slices=slices, jobs=jobs, nodes=nodes)
+        self.pod_watch = PodWatch(
+            self.kube, kube_config, pods, self.pod_event, namespaces=config.namespaces
+        )
         self.audit = CacheAudit(
             self.kube,
             self.caches,
@@ -155,7 +159,9 @@ class Runtime:
         """Whether this replica reconciles (the kopf handlers enqueue only then)."""
         self.listed = asyncio.Event()
         """Set by the first kopf event handler call: kopf calls none before every index
-        has its initial listing, so from then on the caches show the whole cluster."""
+        has its initial listing, so from then on its caches show the whole cluster."""
+        self.pods_listed = asyncio.Event()
+        """Set once the pod watch has its initial listing (``watch_pods``)."""
         self._may_act: Callable[[], bool] = lambda: True
         self.metrics.watch_phases(
             lambda: (list(self.caches.jobs()), list(self.caches.all_slices()))
@@ -184,6 +190,41 @@ class Runtime:
             return None
         return await self.slice_reconciler(key)
 
+    async def watch_pods(self) -> None:
+        """List the worker pods (retrying until the API answers), then watch them. Nothing
+        reconciles before the list is complete (``act``, ``lead``), so no reconcile sees a
+        partial pod cache and creates a pod that exists."""
+        started = time.monotonic()
+        await self.pod_watch.list_all()
+        log.info(
+            "listed %d worker pods in %.1f s",
+            self.pod_watch.store.pods,
+            time.monotonic() - started,
+        )
+        self.pods_listed.set()
+        self.pod_watch.start()
+
+    async def act(self) -> None:
+        """Without leader election: act once the worker pods are listed."""
+        await self.pods_listed.wait()
+        self.start()
+
+    def pod_event(self, type: str | None, view: PodView) -> None:
+        """A worker pod changed (``type`` None: listed): wake its slice and job."""
+        self.metrics.watch_events.labels("pods").inc()
+        if type == "DELETED":
+            self.caches.tombstones.record(view)  # a standby keeps them too
+        if not self.acting:
+            return
+        self.slices.add((view.namespace, view.slice_name))
+        if view.job_owned:
+            self.jobs.add((view.namespace, view.job_name))
+        # A pool changes hands when the last pod on it is gone: wake whoever waits for one
+        # now rather than at their next periodic retry.
+        freed = view.pool and (type == "DELETED" or view.terminal)
+        if freed and not any(p.active for p in self.caches.pods_in_pool(view.pool or "")):
+            self.wake_waiting()
+
     def serve(self) -> None:
         """What every replica runs, leader or standby: metrics and cache housekeeping."""
         if self.config.metrics_port:
@@ -211,7 +252,7 @@ class Runtime:
             on_lost("the election ended before this replica led")
             return
         lost = asyncio.create_task(elector.wait_lost(), name="leader-fence")
-        listed = asyncio.create_task(self.listed.wait(), name="caches-listed")
+        listed = asyncio.create_task(self._all_listed(), name="caches-listed")
         try:
             await asyncio.wait({lost, listed}, return_when=asyncio.FIRST_COMPLETED)
             if not lost.done():
@@ -224,6 +265,10 @@ class Runtime:
         log.error("lost the leadership (%s): stopping at once and exiting", reason)
         await self.halt()
         on_lost(reason)
+
+    async def _all_listed(self) -> None:
+        await self.pods_listed.wait()
+        await self.listed.wait()
 
     async def halt(self) -> None:
         """Stop acting at once: reconciles are cancelled, unposted events dropped."""
@@ -242,6 +287,7 @@ class Runtime:
         if self._housekeeping_task is not None:
             self._housekeeping_task.cancel()
         await self.audit.stop()
+        await self.pod_watch.stop()
         if self.acting:
             self.acting = False
             if self._resync_task is not None:

@@ -1,0 +1,217 @@
+"""The operator's own pod watch: the store's keys, applying watch lines, re-list healing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from tpu_operator import contract
+from tpu_operator.runtime import podwatch
+from tpu_operator.runtime.caches import Caches
+from tpu_operator.runtime.kube import ApiError
+from tpu_operator.runtime.podwatch import Gone, PodStore, PodWatch, identity, stale_after_list
+from tpu_operator.state.views import PodView, pod_view
+
+pytestmark = pytest.mark.unit
+NS = "ml"
+
+
+def pod(
+    name: str,
+    uid: str,
+    *,
+    job: str = "j",
+    slice_name: str = "j-0",
+    node: str | None = None,
+    pool: str | None = None,
+    phase: str = "Pending",
+    version: str = "1",
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": uid,
+            "resourceVersion": version,
+            "labels": {
+                contract.LABEL_SLICE_NAME: slice_name,
+                contract.LABEL_JOB_NAME: job,
+                contract.LABEL_WORKER_INDEX: name.rsplit("-", 1)[-1],
+                contract.LABEL_RESTART_ATTEMPT: "1",
+            },
+        },
+        "spec": {},
+        "status": {"phase": phase},
+    }
+    if node:
+        body["spec"]["nodeName"] = node
+    if pool:
+        body["spec"]["nodeSelector"] = {contract.NODE_LABEL_NODEPOOL: pool}
+    return body
+
+
+def view(body: dict[str, Any]) -> PodView:
+    found = pod_view(body)
+    assert found is not None
+    return found
+
+
+def test_the_store_files_a_pod_under_every_key_and_moves_it_when_it_changes():
+    store = PodStore()
+    caches = Caches(pods=store, slices={}, jobs={}, nodes={})
+    store.put(view(pod("j-0-0", "u0", pool="p1")))
+    assert [p.name for p in caches.pods_of_slice(NS, "j-0")] == ["j-0-0"]
+    assert [p.name for p in caches.pods_of_job(NS, "j")] == ["j-0-0"]
+    assert caches.pods_on_node("n1") == []
+    assert list(caches.pinned_pools()) == ["p1"]
+    store.put(view(pod("j-0-0", "u0", pool="p1", node="n1", phase="Running")))
+    assert [p.phase for p in caches.pods_on_node("n1")] == ["Running"]
+    assert caches.count_pods_of_slice(NS, "j-0") == 1, "a change replaces, never adds"
+    assert store.discard((NS, "j-0-0", "u0")) is not None
+    assert len(store) == 0, "no empty key is left behind"
+    assert store.discard((NS, "j-0-0", "u0")) is None
+
+
+def test_a_standalone_slice_pod_has_no_job_key():
+    store = PodStore()
+    store.put(view(pod("s-0", "u0", job="s", slice_name="s")))
+    assert set(store) == {("slice", NS, "s")}
+
+
+def test_caches_forget_drops_a_pod_through_the_store():
+    store = PodStore()
+    caches = Caches(pods=store, slices={}, jobs={}, nodes={})
+    store.put(view(pod("j-0-0", "u0", node="n1")))
+    assert list(caches.entries("pods")) == [(NS, "j-0-0", "u0")]
+    caches.forget("pods", (NS, "j-0-0", "u0"))
+    assert caches.entries("pods") == {} and caches.pods_on_node("n1") == []
+
+
+@pytest.mark.parametrize(
+    ("stored", "listed", "gone"),
+    [
+        ([], [], []),
+        ([(NS, "a", "1")], [(NS, "a", "1")], []),
+        ([(NS, "a", "1"), (NS, "b", "2")], [(NS, "a", "1")], [(NS, "b", "2")]),
+        # re-created under the same name: the old UID is gone
+        ([(NS, "a", "1")], [(NS, "a", "9")], [(NS, "a", "1")]),
+    ],
+)
+def test_stale_after_list(stored, listed, gone):
+    assert stale_after_list(stored, set(listed)) == gone
+
+
+class Reader:
+    """An aiohttp StreamReader's ``iter_any`` over fixed chunks."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    async def iter_any(self):
+        for chunk in self.chunks:
+            yield chunk
+
+
+def lines(chunks: list[bytes]) -> list[bytes]:
+    async def collect() -> list[bytes]:
+        return [line async for line in podwatch._lines(Reader(chunks))]  # type: ignore[arg-type]
+
+    return asyncio.run(collect())
+
+
+def test_watch_lines_split_across_chunks_and_longer_than_aiohttps_limit():
+    big = b'{"x": "' + b"y" * 300_000 + b'"}'
+    assert lines([b'{"a"', b": 1}\n{", b'"b": 2}\n', big[:1000], big[1000:] + b"\n"]) == [
+        b'{"a": 1}',
+        b'{"b": 2}',
+        big,
+    ]
+    assert lines([b"\n\n", b'{"c": 3}']) == [b'{"c": 3}'], "a last line without newline"
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str | None, str, str]] = []
+
+    def __call__(self, type: str | None, view: PodView) -> None:
+        self.seen.append((type, view.name, view.phase))
+
+
+def watch() -> tuple[PodWatch, Events]:
+    events = Events()
+    return PodWatch(None, None, PodStore(), events), events  # type: ignore[arg-type]
+
+
+def line(kind: str, body: dict[str, Any]) -> bytes:
+    return json.dumps({"type": kind, "object": body}).encode()
+
+
+def test_applying_watch_events_keeps_the_store_and_the_resume_version():
+    w, events = watch()
+    assert w._apply(line("ADDED", pod("j-0-0", "u0", version="5")), "4") == "5"
+    assert w._apply(line("MODIFIED", pod("j-0-0", "u0", phase="Running", version="6")), "5") == "6"
+    bookmark = {"kind": "Pod", "metadata": {"resourceVersion": "9"}}
+    assert w._apply(line("BOOKMARK", bookmark), "6") == "9"
+    assert [v.phase for v in w.store["slice", NS, "j-0"]] == ["Running"]
+    deleted = pod("j-0-0", "u0", phase="Failed", version="10")
+    assert w._apply(line("DELETED", deleted), "9") == "10"
+    assert w.store.pods == 0
+    assert events.seen == [
+        ("ADDED", "j-0-0", "Pending"),
+        ("MODIFIED", "j-0-0", "Running"),
+        ("DELETED", "j-0-0", "Failed"),  # the final state, as the event carries it
+    ]
+    unlabelled = {"metadata": {"name": "x", "namespace": NS, "resourceVersion": "11"}}
+    assert w._apply(line("ADDED", unlabelled), "10") == "11"
+    assert w.store.pods == 0 and len(events.seen) == 3
+
+
+def test_a_watch_error_410_lists_again_and_others_raise_with_the_code():
+    w, _ = watch()
+    expired = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+    with pytest.raises(Gone):
+        w._apply(line("ERROR", expired), "1")
+    busy = {"kind": "Status", "code": 429, "reason": "TooManyRequests", "message": "slow down",
+            "details": {"retryAfterSeconds": 7}}  # fmt: skip
+    with pytest.raises(ApiError) as raised:
+        w._apply(line("ERROR", busy), "1")
+    assert raised.value.status == 429 and raised.value.retry_after == 7
+    assert w._backoff(0, raised.value) == 7, "Retry-After is honoured"
+    assert [w._backoff(n, ValueError()) for n in range(7)] == [0.5, 1, 2, 3, 5, 5, 5]
+
+
+class Pages:
+    """The apiserver's paged list of pods, as ``Kube.request`` returns it."""
+
+    def __init__(self, bodies: list[dict[str, Any]], limit: int = 2) -> None:
+        self.bodies = bodies
+        self.limit = limit
+        self.queries: list[dict[str, str]] = []
+
+    async def request(self, verb: str, path: str, *, query: dict[str, str]) -> dict[str, Any]:
+        self.queries.append(dict(query))
+        start = int(query.get("continue", "0"))
+        end = start + self.limit
+        meta = {"resourceVersion": "42"}
+        if end < len(self.bodies):
+            meta["continue"] = str(end)
+        return {"items": self.bodies[start:end], "metadata": meta}
+
+
+def test_a_list_pages_through_and_drops_pods_deleted_while_no_watch_ran():
+    events = Events()
+    store = PodStore()
+    store.put(view(pod("j-0-7", "gone")))
+    store.put(view(pod("j-0-0", "u0")))
+    pages = Pages([pod(f"j-0-{i}", f"u{i}", phase="Running") for i in range(5)])
+    w = PodWatch(pages, None, store, events, namespaces=[NS])  # type: ignore[arg-type]
+    assert asyncio.run(w.list_once(NS)) == "42"
+    assert [q.get("continue") for q in pages.queries] == [None, "2", "4"]
+    assert all(q["labelSelector"] == contract.LABEL_SLICE_NAME for q in pages.queries)
+    assert sorted(name for _, name, _ in store.identities()) == [f"j-0-{i}" for i in range(5)]
+    assert events.seen[-1] == ("DELETED", "j-0-7", "Pending")
+    assert [t for t, _, _ in events.seen[:-1]] == [None] * 5
+    assert {identity(v) for v in store["slice", NS, "j-0"]} == set(store.identities())
