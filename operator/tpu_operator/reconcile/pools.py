@@ -216,10 +216,8 @@ def claim_toleration_value(ctx: Context, ref: str | None) -> str | None:
     value = claim_of(ref)
     if value is not None or not ref:
         return value
-    for node in ctx.caches.tpu_nodes():  # any node of the pool says (no aggregation)
-        if node.pool == ref:
-            return node.slice_pool
-    return None
+    pool = tpu_pools(ctx).get(ref)
+    return pool.slice_pool if pool is not None else None
 
 
 def free_vms(ctx: Context, pools: dict[str, PoolView]) -> dict[str, int]:
