@@ -176,9 +176,13 @@ def deltas(after: dict[str, float], before: dict[str, float]) -> dict[str, float
 class Operator(OperatorProcess):
     """``tpu-operator run`` as a subprocess (the integration tests' launcher)."""
 
-    def __init__(self, cluster: Cluster, name: str, args: Sequence[str] = ()) -> None:
+    def __init__(
+        self, cluster: Cluster, name: str, args: Sequence[str] = (), source: Path | None = None
+    ) -> None:
+        """``source``: run the operator code of another checkout (its ``operator/``)."""
         log_path = cluster.logs_dir / f"operator-{name}.log"
-        super().__init__(cluster.kubeconfig, log_path, list(args))
+        env = {"PYTHONPATH": str(source.resolve() / "operator")} if source else None
+        super().__init__(cluster.kubeconfig, log_path, list(args), env)
 
     @property
     def pid(self) -> int:

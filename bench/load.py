@@ -28,7 +28,7 @@ Operator CPU is also sampled every ``WINDOW`` seconds while jobs start (the peak
 share of a core). Figures are printed as a Markdown table and written to
 ``bench/results/load.json``.
 
-    .venv/bin/python bench/load.py [--jobs 1000] [--reps 1] [--steady 60]
+    .venv/bin/python bench/load.py [--jobs 1000] [--reps 1] [--steady 60] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import copy
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import harness
@@ -167,6 +168,8 @@ class Bench:
     api: Kube
     plans: list[JobPlan]
     steady: float
+    profile: Path | None = None
+    """Where py-spy writes the operator's stacks while jobs start and while it restarts."""
     trials: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -229,6 +232,7 @@ async def trial_operator(bench: Bench, rep: int) -> dict[str, Any]:
         harness.reset_peak(operator.pid)
         cpu, requests = operator.cpu(), operator.requests()
         sampler = CpuSampler(operator.pid)
+        profiler = await harness.profile(operator.pid, bench.profile, f"load-start-{rep}.txt")
         started = time.monotonic()
         say(f"operator: POSTing {count} TPUJobs ({total} pods)")
         await post_all(
@@ -241,6 +245,8 @@ async def trial_operator(bench: Bench, rep: int) -> dict[str, Any]:
             return sum(1 for s in jobs.objects.values() if s.phase == "Running") == count
 
         job_running = await jobs.wait(jobs_running, TIMEOUT, "every job Running")
+        if profiler is not None:
+            await profiler.stop()
         result: dict[str, Any] = {
             "posted": posted,
             "created": pods.at("created", "1", total) - started,  # type: ignore[operator]
@@ -264,7 +270,7 @@ async def trial_operator(bench: Bench, rep: int) -> dict[str, Any]:
             "requests_per_s": sum(moved.values()) / elapsed,
             "requests": moved,
         }
-        result["restart"] = await restart(operator, total, count)
+        result["restart"] = await restart(operator, total, count, bench.profile, rep)
     finally:
         await jobs.stop()
         say("operator: deleting the jobs")
@@ -273,13 +279,16 @@ async def trial_operator(bench: Bench, rep: int) -> dict[str, Any]:
     return result
 
 
-async def restart(operator: harness.Operator, pods: int, jobs: int) -> dict[str, Any]:
+async def restart(
+    operator: harness.Operator, pods: int, jobs: int, profile: Path | None, rep: int
+) -> dict[str, Any]:
     """SIGKILL the operator, start it again; how long until its caches are full again and
     what it sends in the 20 s after."""
     operator.kill()
     started = time.monotonic()
     await asyncio.to_thread(operator.start)
     healthy = time.monotonic() - started
+    profiler = await harness.profile(operator.pid, profile, f"load-restart-{rep}.txt")
     while True:
         events = harness.watch_events(operator.metrics())
         if events["pods"] >= pods and events["jobs"] >= jobs:
@@ -288,6 +297,8 @@ async def restart(operator: harness.Operator, pods: int, jobs: int) -> dict[str,
             raise TimeoutError(f"the restarted operator's caches after {TIMEOUT:.0f} s: {events}")
         await asyncio.sleep(0.2)
     filled = time.monotonic() - started
+    if profiler is not None:
+        await profiler.stop()
     before = operator.requests()
     await asyncio.sleep(20)
     return {
@@ -402,6 +413,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--steady", type=float, default=60.0, help="seconds of steady window")
+    parser.add_argument(
+        "--profile", type=Path, help="write py-spy stacks of the operator to this directory"
+    )
     args = parser.parse_args()
     plans = plan(args.jobs)
     pools = pools_for(plans)
@@ -415,7 +429,7 @@ def main() -> None:
         namespaces=list(NAMESPACES.values()),
         timeout=TIMEOUT,
     ) as cluster:
-        bench = Bench(cluster, None, plans, args.steady)  # type: ignore[arg-type]
+        bench = Bench(cluster, None, plans, args.steady, args.profile)  # type: ignore[arg-type]
         asyncio.run(drive(bench, args.reps))
     results = figures(bench.trials, total)
     report(results, len(plans), total)

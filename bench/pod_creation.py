@@ -561,6 +561,13 @@ def main() -> None:
         "A/B of an operator setting), e.g. --b-args='--gc-threshold=0'",
     )
     parser.add_argument(
+        "--b-source",
+        type=Path,
+        metavar="DIR",
+        help="run the operator-b variant from another checkout (e.g. `git worktree add "
+        "/tmp/base HEAD~3`), for an A/B of two versions of the operator in the same run",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         metavar="DIR",
@@ -584,7 +591,10 @@ def main() -> None:
         operator_b = None
         if "operator-b" in variants:
             operator_b = harness.Operator(
-                cluster, "pods-b", [f"--namespace={NAMESPACES['operator-b']}", *args.b_args.split()]
+                cluster,
+                "pods-b",
+                [f"--namespace={NAMESPACES['operator-b']}", *args.b_args.split()],
+                source=args.b_source,
             )
             operator_b.start()
         controller = None

@@ -31,10 +31,18 @@ def free_port() -> int:
 class OperatorProcess:
     """``tpu-operator run`` as a real subprocess against the test cluster."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path, extra_args: list[str] | None = None):
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log_path: Path,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.extra_args = extra_args or []
+        self.env = env or {}
+        """Extra environment (a benchmark's A/B: ``PYTHONPATH`` of another checkout)."""
         self.metrics_port = free_port()
         self.health_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -57,7 +65,7 @@ class OperatorProcess:
             command,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )
         log.close()
         wait_until(
