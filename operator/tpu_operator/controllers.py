@@ -1,12 +1,12 @@
 """kopf wiring: watch caches (indexes), event handlers that enqueue keys, start-up,
 kopf's settings and ``run``.
 
-kopf watches TPUJobs, TPUSlices and TPU nodes (server-side filtered by the accelerator
-label), keeps compact views of them in indexes, and calls the ``on.event`` handlers below,
-which only enqueue keys for the reconcilers. Worker pods, by far the most numerous and
-busiest objects, have a watch of the operator's own (``runtime/podwatch.py``), started
-here. Nothing here writes to any object: kopf stores no annotations, finalizers or
-handler results on TPUJobs or TPUSlices, so deleting a TPUJob never waits for the operator.
+kopf watches TPUJobs and TPUSlices, keeps plain copies of them in indexes, and calls the
+``on.event`` handlers below, which only enqueue keys for the reconcilers. Worker pods and
+TPU nodes, by far the most numerous objects, have list-and-watch caches of the operator's
+own (``runtime/listwatch.py``), started here. Nothing here writes to any object: kopf
+stores no annotations, finalizers or handler results on TPUJobs or TPUSlices, so deleting
+a TPUJob never waits for the operator.
 
 With leader election (``--leader-elect``) every replica watches and indexes (a warm
 standby), and the handlers enqueue only in the replica that acts (``_acting``).
@@ -30,7 +30,6 @@ from tpu_operator.runtime.app import OperatorConfig, Runtime
 from tpu_operator.runtime.caches import slice_job_name
 from tpu_operator.runtime.kube import connection_info, load_configuration
 from tpu_operator.runtime.leader import LeaderElector
-from tpu_operator.state.views import node_view
 
 log = logging.getLogger(__name__)
 RUNTIME_KEY = "runtime"
@@ -42,7 +41,7 @@ ELECTOR_KEY = "elector"
 LEADING_KEY = "leading"
 STOP_KEY = "stop"
 LOST_KEY = "lost"
-PODS_KEY = "pod-list"
+WATCH_KEY = "own-watches"
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -83,21 +82,6 @@ async def tpu_slices(body: kopf.Body, namespace: str | None, name: str, **_: Any
 @kopf.index(contract.GROUP, contract.VERSION, contract.JOB_PLURAL)
 async def tpu_jobs(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
     return {(namespace, name): _snapshot(body)}
-
-
-@kopf.index("v1", "nodes", labels={contract.NODE_LABEL_ACCELERATOR: kopf.PRESENT})
-async def tpu_nodes(body: kopf.Body, memo: Any = None, **_: Any) -> dict[Any, Any]:
-    _nodes_changed(memo)
-    view = node_view(body)
-    uid = body.get("metadata", {}).get("uid", "")
-    return {("node", view.name): view, ("tpu",): view, ("uid", view.name): uid}
-
-
-def _nodes_changed(memo: Any) -> None:
-    """Drop the node snapshot the reconcilers read (``Caches.nodes_changed``)."""
-    runtime = memo.get(RUNTIME_KEY) if memo is not None else None
-    if runtime is not None:
-        cast(Runtime, runtime).caches.nodes_changed()
 
 
 def _workload_job(body: kopf.Body) -> str | None:
@@ -166,21 +150,6 @@ async def slice_changed(
         runtime.jobs.add(_key(namespace, job))
 
 
-@kopf.on.event("v1", "nodes", labels={contract.NODE_LABEL_ACCELERATOR: kopf.PRESENT})
-async def node_changed(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
-    _relisted(memo, "nodes", type)
-    _nodes_changed(memo)
-    runtime = _acting(memo)
-    if runtime is None:
-        return
-    name = body.get("metadata", {}).get("name", "")
-    for pod in runtime.caches.pods_on_node(name):
-        runtime.slices.add((pod.namespace, pod.slice_name))
-        if pod.job_name != pod.slice_name:
-            runtime.jobs.add((pod.namespace, pod.job_name))
-    runtime.wake_waiting()
-
-
 @kopf.on.login()
 def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
     """kopf's watches use the same credentials as the operator's own API client."""
@@ -191,13 +160,11 @@ def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
 async def started(memo: Any, **kwargs: Any) -> None:
     config = memo["config"]
     # kopf passes every index under its function's name (typed only as **kwargs).
-    runtime = Runtime(
-        config, slices=kwargs["tpu_slices"], jobs=kwargs["tpu_jobs"], nodes=kwargs["tpu_nodes"]
-    )
+    runtime = Runtime(config, slices=kwargs["tpu_slices"], jobs=kwargs["tpu_jobs"])
     memo[RUNTIME_KEY] = runtime
     if "tpu_workloads" in kwargs:
         runtime.caches.attach_workloads(kwargs["tpu_workloads"])
-    memo[PODS_KEY] = asyncio.create_task(runtime.watch_pods(), name="pod-list")
+    memo[WATCH_KEY] = asyncio.create_task(runtime.watch(), name="list-nodes-and-pods")
     runtime.serve()
     if config.leader_election is None:
         memo[LEADING_KEY] = asyncio.create_task(runtime.act(), name="act")
@@ -221,7 +188,7 @@ def _on_lost(memo: Any) -> Callable[[str], None]:
 
 @kopf.on.cleanup()
 async def stopping(memo: Any, **_: Any) -> None:
-    for key in (LEADING_KEY, PODS_KEY):
+    for key in (LEADING_KEY, WATCH_KEY):
         task = memo.get(key)
         if task is not None:
             task.cancel()
@@ -273,8 +240,6 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
 def operator_settings() -> kopf.OperatorSettings:
     config = kopf.OperatorSettings()
-    # Watch only TPU nodes (filtered by the apiserver: a large cluster has many others).
-    config.watching.label_selectors["v1", "nodes"] = contract.NODE_LABEL_ACCELERATOR
     config.watching.server_timeout = 300
     config.watching.client_timeout = 330
     config.networking.error_backoffs = WATCH_RETRY_BACKOFFS

@@ -33,8 +33,8 @@ from tpu_operator.reconcile.slices import SliceReconciler
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.runtime.events import ObjectRef
 from tpu_operator.runtime.kube import ApiError, namespaced
-from tpu_operator.runtime.podwatch import pod_keys
-from tpu_operator.state.views import pod_view
+from tpu_operator.runtime.listwatch import node_keys, pod_keys
+from tpu_operator.state.views import node_view, pod_view
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 NS = "ml"
@@ -431,10 +431,11 @@ class FakeCluster:
         }
         for key, obj in self.objects.items():
             if key.startswith("/api/v1/nodes/"):
-                kind, keys = "nodes", _sync(controllers.tpu_nodes(body=obj))
+                node = node_view(obj)
+                kind, keys = "nodes", node_keys(node, obj["metadata"].get("uid", ""))
             elif "/pods/" in key:
                 view = pod_view(obj)
-                kind, keys = "pods", dict.fromkeys(pod_keys(view), view) if view else None
+                kind, keys = "pods", pod_keys(view) if view else None
             elif f"/{contract.SLICE_PLURAL}/" in key:
                 meta = obj["metadata"]
                 kind = "slices"

@@ -14,10 +14,9 @@ from kopf._core.engines.indexing import OperatorIndexer, OperatorIndexers
 from tpu_operator import contract, controllers
 from tpu_operator.runtime import audit
 from tpu_operator.runtime.audit import CacheAudit, stale
-from tpu_operator.runtime.caches import KINDS, Caches
+from tpu_operator.runtime.caches import Caches
 from tpu_operator.runtime.kube import RequestRecord
-from tpu_operator.runtime.podwatch import PodStore
-from tpu_operator.state.views import pod_view
+from tpu_operator.runtime.listwatch import NODES, PODS, Store, identity_of
 
 pytestmark = pytest.mark.unit
 
@@ -70,29 +69,27 @@ class Indexes:
     """kopf's own indexers, filled with the operator's own index functions."""
 
     def __init__(self) -> None:
-        self.indexers = {kind: OperatorIndexer() for kind in KINDS if kind != "pods"}
-        self.pods = PodStore()  # the operator's own pod watch keeps them
+        # kopf keeps TPUJobs and TPUSlices; the operator's own list-and-watch the others.
+        self.indexers = {kind: OperatorIndexer() for kind in ("jobs", "slices")}
+        self.own = {"pods": (Store(), PODS), "nodes": (Store(), NODES)}
         self._keys = OperatorIndexers()
 
     def put(self, kind: str, body: dict[str, Any]) -> None:
         meta = body["metadata"]
-        if kind == "pods":
-            view = pod_view(body)
-            assert view is not None
-            self.pods.put(view)
+        if kind in self.own:
+            store, watched = self.own[kind]
+            ident, view = identity_of(body), watched.view(body)
+            store.put(ident, view, watched.keys(view, ident))
             return
-        if kind == "nodes":
-            keys = _sync(controllers.tpu_nodes(body=kopf.Body(body)))
-        else:
-            function = controllers.tpu_jobs if kind == "jobs" else controllers.tpu_slices
-            keys = _sync(
-                function(body=kopf.Body(body), namespace=meta.get("namespace"), name=meta["name"])
-            )
+        function = controllers.tpu_jobs if kind == "jobs" else controllers.tpu_slices
+        keys = _sync(
+            function(body=kopf.Body(body), namespace=meta.get("namespace"), name=meta["name"])
+        )
         self.indexers[kind].replace(self._keys.make_key(kopf.Body(body)), keys)
 
     def caches(self) -> Caches:
         indexes = {kind: indexer.index for kind, indexer in self.indexers.items()}
-        return Caches(pods=self.pods, **indexes)
+        return Caches(pods=self.own["pods"][0], nodes=self.own["nodes"][0], **indexes)
 
 
 class FakeKube:
@@ -206,6 +203,19 @@ def test_objects_cached_after_the_list_was_requested_are_kept() -> None:
     result = asyncio.run(auditor.audit("test"))
     assert "pods" not in result.dropped
     assert {p.name for p in caches.pods_of_slice(NS, "train-0")} == {"train-0-0", "train-0-1"}
+
+
+def test_start_up_waits_until_kopf_holds_every_listed_job_and_slice() -> None:
+    indexes = Indexes()
+    auditor, _, _ = make_audit(indexes, FakeKube({}))
+    assert asyncio.run(auditor.holds_all(("jobs", "slices"))), "nothing exists: listed"
+    indexes.put("jobs", job("train", "j1"))
+    kube = FakeKube({"jobs": {"j1"}, "slices": {"s1"}})
+    auditor, _, _ = make_audit(indexes, kube)
+    assert not asyncio.run(auditor.holds_all(("jobs", "slices"))), "slice s1 not indexed yet"
+    indexes.put("slices", slice_("train-0", "s1", "train"))
+    auditor, _, _ = make_audit(indexes, kube)
+    assert asyncio.run(auditor.holds_all(("jobs", "slices")))
 
 
 def test_a_standby_heals_its_caches_but_enqueues_nothing() -> None:

@@ -15,6 +15,7 @@ halts at once when the Lease is lost (``runtime/leader.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -35,11 +36,13 @@ from tpu_operator.runtime.control import ControlChannel, load_master_key
 from tpu_operator.runtime.events import EventRecorder
 from tpu_operator.runtime.kube import ApiError, Kube, RequestRecord, load_configuration
 from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
-from tpu_operator.runtime.podwatch import PodStore, PodWatch
+from tpu_operator.runtime.listwatch import NODES, PODS, ListWatch, Store
 from tpu_operator.runtime.workqueue import WorkQueue
-from tpu_operator.state.views import PodView
+from tpu_operator.state.views import NodeView, PodView
 
 log = logging.getLogger(__name__)
+LISTED_POLL_SECONDS = 1.0
+"""How often start-up checks whether kopf's indexes hold every TPUJob and TPUSlice."""
 
 
 @dataclass
@@ -92,17 +95,20 @@ class OperatorConfig:
 
 
 class Runtime:
-    def __init__(self, config: OperatorConfig, *, slices: Index, jobs: Index, nodes: Index) -> None:
+    def __init__(self, config: OperatorConfig, *, slices: Index, jobs: Index) -> None:
         self.config = config
         self.metrics = OperatorMetrics()
         kube_config = load_configuration(config.kubeconfig)
         self.kube = Kube(
             kube_config, concurrency=config.api_concurrency, observer=self._api_request
         )
-        pods = PodStore()
+        pods, nodes = Store(), Store()
         self.caches = Caches(pods=pods, slices=slices, jobs=jobs, nodes=nodes)
-        self.pod_watch = PodWatch(
-            self.kube, kube_config, pods, self.pod_event, namespaces=config.namespaces
+        self.pod_watch = ListWatch(
+            PODS, self.kube, kube_config, pods, self.pod_event, namespaces=config.namespaces
+        )
+        self.node_watch = ListWatch(
+            NODES, self.kube, kube_config, nodes, self.node_event, on_listed=self._nodes_listed
         )
         self.audit = CacheAudit(
             self.kube,
@@ -160,8 +166,8 @@ class Runtime:
         self.listed = asyncio.Event()
         """Set by the first kopf event handler call: kopf calls none before every index
         has its initial listing, so from then on its caches show the whole cluster."""
-        self.pods_listed = asyncio.Event()
-        """Set once the pod watch has its initial listing (``watch_pods``)."""
+        self.own_listed = asyncio.Event()
+        """Set once the node and pod watches have their initial listings (``watch``)."""
         self._may_act: Callable[[], bool] = lambda: True
         self.metrics.watch_phases(
             lambda: (list(self.caches.jobs()), list(self.caches.all_slices()))
@@ -190,23 +196,27 @@ class Runtime:
             return None
         return await self.slice_reconciler(key)
 
-    async def watch_pods(self) -> None:
-        """List the worker pods (retrying until the API answers), then watch them. Nothing
-        reconciles before the list is complete (``act``, ``lead``), so no reconcile sees a
-        partial pod cache and creates a pod that exists."""
+    async def watch(self) -> None:
+        """List the TPU nodes and worker pods (retrying until the API answers), then watch
+        them (``runtime/listwatch.py``). Nothing reconciles before both lists are complete
+        (``act``, ``lead``), so no reconcile sees a partial pod cache and creates a pod
+        that exists."""
         started = time.monotonic()
+        await self.node_watch.list_all()
         await self.pod_watch.list_all()
         log.info(
-            "listed %d worker pods in %.1f s",
-            self.pod_watch.store.pods,
+            "listed %d TPU nodes and %d worker pods in %.1f s",
+            self.node_watch.store.objects,
+            self.pod_watch.store.objects,
             time.monotonic() - started,
         )
-        self.pods_listed.set()
+        self.own_listed.set()
+        self.node_watch.start()
         self.pod_watch.start()
 
     async def act(self) -> None:
-        """Without leader election: act once the worker pods are listed."""
-        await self.pods_listed.wait()
+        """Without leader election: act once every cache has its initial listing."""
+        await self._all_listed()
         self.start()
 
     def pod_event(self, type: str | None, view: PodView) -> None:
@@ -224,6 +234,24 @@ class Runtime:
         freed = view.pool and (type == "DELETED" or view.terminal)
         if freed and not any(p.active for p in self.caches.pods_in_pool(view.pool or "")):
             self.wake_waiting()
+
+    def node_event(self, type: str | None, view: NodeView) -> None:
+        """A TPU node changed: its pods' slices and jobs, and whatever waits for a pool,
+        look again (after a list, ``_nodes_listed`` wakes everything once instead)."""
+        self.metrics.watch_events.labels("nodes").inc()
+        self.caches.nodes_changed()
+        if not self.acting or type is None:
+            return
+        for pod in self.caches.pods_on_node(view.name):
+            self.slices.add((pod.namespace, pod.slice_name))
+            if pod.job_owned:
+                self.jobs.add((pod.namespace, pod.job_name))
+        self.wake_waiting()
+
+    def _nodes_listed(self, _count: int) -> None:
+        self.caches.nodes_changed()
+        if self.acting:
+            self.enqueue_all()  # every node listed again: every pod's node may have changed
 
     def serve(self) -> None:
         """What every replica runs, leader or standby: metrics and cache housekeeping."""
@@ -267,8 +295,18 @@ class Runtime:
         on_lost(reason)
 
     async def _all_listed(self) -> None:
-        await self.pods_listed.wait()
-        await self.listed.wait()
+        """Until the node and pod lists are complete and kopf's indexes hold every TPUJob
+        and TPUSlice: kopf calls a handler (``listed``) once its listings are in, but with
+        no TPUJob or TPUSlice at all it calls none, so the API is asked which exist."""
+        await self.own_listed.wait()
+        while not self.listed.is_set():
+            try:
+                if await self.audit.holds_all(("jobs", "slices")):
+                    return
+            except ApiError as exc:
+                log.warning("listing TPUJobs and TPUSlices failed: %s; trying again", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.listed.wait(), timeout=LISTED_POLL_SECONDS)
 
     async def halt(self) -> None:
         """Stop acting at once: reconciles are cancelled, unposted events dropped."""
@@ -288,6 +326,7 @@ class Runtime:
             self._housekeeping_task.cancel()
         await self.audit.stop()
         await self.pod_watch.stop()
+        await self.node_watch.stop()
         if self.acting:
             self.acting = False
             if self._resync_task is not None:

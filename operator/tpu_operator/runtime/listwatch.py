@@ -1,29 +1,30 @@
-"""The worker-pod watch: list and watch the pods with the slice label, kept as PodViews.
+"""List-and-watch caches of the operator's own, for worker pods and TPU nodes.
 
-The operator's pod cache is by far its largest: one entry per worker, thousands of events a
-second while a large job starts or restarts. kopf, which watches the custom resources and
-nodes, processes every event of every object in full (a Body wrapper, a per-object
-stream and worker task, index and handler calls with their keyword arguments); at 1,024
-hosts that machinery, not the reconcilers, took most of the operator's CPU, and its
-per-object state most of its memory. This watch does the same job for pods with only what
-the operator needs:
+Worker pods and TPU nodes are the operator's most numerous objects: thousands of each in a
+large cluster, thousands of pod events a second while a large job starts or restarts.
+kopf, which watches the custom resources, processes every event of every object in full (a
+Body wrapper, a per-object stream and worker task that waits on an operator-wide condition,
+index and handler calls with their keyword arguments). Profiled at 1,024 hosts that
+machinery, not the reconcilers, took most of the operator's CPU; after a restart with 2,048
+nodes it took 45 s to deliver the initial listings, every listed object's worker waking on
+one shared condition. ``ListWatch`` does the same job with only what the operator needs:
 
-- **list** (paged, ``limit=500``) of the pods with the ``tpu-operator.dev/slice`` label,
-  each decoded once into a :class:`PodView`; the objects themselves are dropped at once;
+- **list** (paged, ``limit=500``) with a label selector, each object decoded once into a
+  view (``PodView``, ``NodeView``) and filed under its index keys; the object itself is
+  dropped at once;
 - **watch** from the list's resourceVersion with bookmarks, each line decoded and reduced
-  to a PodView; ``410 Gone`` (or a watch error) lists again;
-- **a re-list heals a watch gap by itself**: cached pods the new list does not hold were
-  deleted meanwhile, and are dropped as if their DELETED event had come (kopf's re-list
-  never does that; ``runtime/audit.py`` covers its kinds);
+  the same way; ``410 Gone`` (or a watch error) lists again;
+- **a re-list heals a watch gap by itself**: cached objects the new list does not hold
+  were deleted meanwhile, and are dropped as if their DELETED event had come (kopf's
+  re-list never does that; ``runtime/audit.py`` covers its kinds);
 - a failed request is logged once per failure, with the wait before the next try (0.5 s
   growing to 5 s; ``Retry-After`` is honoured).
 
-The initial list runs before anything reconciles (``Runtime.watch_pods`` is awaited from
-kopf's start-up handler, which kopf runs before its own watches): a reconcile never sees a
-half-filled pod cache, so it never creates a pod that already exists.
+The initial lists complete before the operator acts (``Runtime.act``, ``Runtime.lead``):
+a reconcile never sees a half-filled cache, so it never creates a pod that already exists.
 
-:class:`PodStore` is the cache: a mapping from index key to the PodViews under that key,
-the same shape kopf's indexes have, so ``runtime/caches.py`` reads it like the others.
+:class:`Store` is the cache: a mapping from index key to the values under that key, the
+same shape kopf's indexes have, so ``runtime/caches.py`` reads all kinds alike.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import logging
 import random
 import ssl
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -42,18 +44,20 @@ from kubernetes.client import Configuration
 
 from tpu_operator import contract
 from tpu_operator.runtime.kube import ApiError, Kube, retry_after
-from tpu_operator.state.views import PodView, pod_view
+from tpu_operator.state.views import NodeView, PodView, node_view, pod_view
 
 log = logging.getLogger(__name__)
 
 Identity = tuple[str | None, str, str]
 """(namespace, name, uid), as kopf files indexed objects (``runtime/caches.Identity``)."""
-OnEvent = Callable[[str | None, PodView], None]
-"""Called for every pod event after the store has it: ``ADDED``, ``MODIFIED``,
-``DELETED``, or None for a pod of a (re-)list."""
+OnEvent = Callable[[str | None, Any], None]
+"""Called with every event's view after the store has it: ``ADDED``, ``MODIFIED``,
+``DELETED``, or None for an object of a (re-)list."""
+Keys = dict[Any, Any]
+"""Index key -> the value filed under it, for one object."""
 
 LIST_LIMIT = 500
-"""Pods per page of a list (a page of worker pods is a few MB of JSON)."""
+"""Objects per page of a list (a page of worker pods is a few MB of JSON)."""
 WATCH_SECONDS = 300
 """How long the apiserver keeps one watch open (randomised by up to a fifth, so that the
 watches of many operators do not all end at once)."""
@@ -64,30 +68,37 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 by etcd's default request size)."""
 
 
-def pod_keys(view: PodView) -> list[Any]:
-    """The index keys a worker pod is filed under (``runtime/caches.py``)."""
-    keys: list[Any] = [("slice", view.namespace, view.slice_name)]
+def pod_keys(view: PodView) -> Keys:
+    """The index keys of a worker pod (``runtime/caches.py``)."""
+    keys: Keys = {("slice", view.namespace, view.slice_name): view}
     if view.job_owned:
-        keys.append(("job", view.namespace, view.job_name))
+        keys[("job", view.namespace, view.job_name)] = view
     if view.node:
-        keys.append(("node", view.node))
+        keys[("node", view.node)] = view
     if view.pool:
-        keys.append(("pool", view.pool))
+        keys[("pool", view.pool)] = view
     return keys
 
 
-def identity(view: PodView) -> Identity:
-    return view.namespace, view.name, view.uid
+def node_keys(view: NodeView, uid: str) -> Keys:
+    """The index keys of a TPU node (``runtime/caches.py``)."""
+    return {("node", view.name): view, ("tpu",): view, ("uid", view.name): uid}
 
 
-class PodStore(Mapping[Any, Collection[PodView]]):
-    """Worker pods by index key: ``store[key]`` is a live view of the PodViews under it."""
+def identity_of(body: Mapping[str, Any]) -> Identity:
+    meta = body.get("metadata") or {}
+    return meta.get("namespace"), meta.get("name", ""), meta.get("uid", "")
+
+
+class Store(Mapping[Any, Collection[Any]]):
+    """Objects by index key: ``store[key]`` is a live view of the values under it."""
 
     def __init__(self) -> None:
-        self._views: dict[Identity, PodView] = {}
-        self._keys: dict[Any, dict[Identity, PodView]] = {}
+        self._views: dict[Identity, Any] = {}
+        self._filed: dict[Identity, Keys] = {}
+        self._keys: dict[Any, dict[Identity, Any]] = {}
 
-    def __getitem__(self, key: Any) -> Collection[PodView]:
+    def __getitem__(self, key: Any) -> Collection[Any]:
         return self._keys[key].values()
 
     def __iter__(self) -> Iterator[Any]:
@@ -97,42 +108,71 @@ class PodStore(Mapping[Any, Collection[PodView]]):
         return len(self._keys)
 
     @property
-    def pods(self) -> int:
+    def objects(self) -> int:
         return len(self._views)
 
     def identities(self, namespace: str | None = None) -> list[Identity]:
-        """Every stored pod's identity (of ``namespace`` only, if given)."""
+        """Every stored object's identity (of ``namespace`` only, if given)."""
         if namespace is None:
             return list(self._views)
         return [i for i in self._views if i[0] == namespace]
 
-    def put(self, view: PodView) -> None:
-        """Store ``view``, replacing the pod's earlier one under every key."""
-        ident = identity(view)
-        old = self._views.get(ident)
-        if old is not None:
-            self._unfile(ident, old)
+    def put(self, ident: Identity, view: Any, keys: Keys) -> None:
+        """Store ``view`` under ``keys``, replacing the object's earlier entries."""
+        if ident in self._filed:
+            self._unfile(ident)
         self._views[ident] = view
-        for key in pod_keys(view):
-            self._keys.setdefault(key, {})[ident] = view
+        self._filed[ident] = keys
+        for key, value in keys.items():
+            self._keys.setdefault(key, {})[ident] = value
 
-    def discard(self, ident: Identity) -> PodView | None:
-        """Drop a pod under every key; return its last view (None if it was not stored)."""
-        old = self._views.pop(ident, None)
-        if old is not None:
-            self._unfile(ident, old)
-        return old
+    def discard(self, ident: Identity) -> Any:
+        """Drop an object under every key; return its last view (None if not stored)."""
+        if ident not in self._filed:
+            return None
+        self._unfile(ident)
+        return self._views.pop(ident)
 
     # kopf's indexes drop an object through ``_discard``; ``Caches.forget`` calls that.
     _discard = discard
 
-    def _unfile(self, ident: Identity, view: PodView) -> None:
-        for key in pod_keys(view):
+    def _unfile(self, ident: Identity) -> None:
+        for key in self._filed.pop(ident):
             entries = self._keys.get(key)
             if entries is not None:
                 entries.pop(ident, None)
                 if not entries:
                     del self._keys[key]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One watched kind: where it is, and how an object becomes a view and index keys."""
+
+    name: str
+    """As ``runtime/caches.KINDS`` names it (metrics, logs)."""
+    plural: str
+    namespaced: bool
+    label_selector: str
+    view: Callable[[Mapping[str, Any]], Any]
+    """The cached view of an object, or None to leave the object out."""
+    keys: Callable[[Any, Identity], Keys]
+
+    def path(self, namespace: str | None) -> str:
+        if namespace:
+            return f"/api/v1/namespaces/{namespace}/{self.plural}"
+        return f"/api/v1/{self.plural}"
+
+
+PODS = Kind("pods", "pods", True, contract.LABEL_SLICE_NAME, pod_view, lambda v, _: pod_keys(v))
+NODES = Kind(
+    "nodes",
+    "nodes",
+    False,
+    contract.NODE_LABEL_ACCELERATOR,
+    node_view,
+    lambda v, ident: node_keys(v, ident[2]),
+)
 
 
 def stale_after_list(stored: Iterable[Identity], listed: Collection[Identity]) -> list[Identity]:
@@ -158,7 +198,7 @@ def ssl_context(config: Configuration) -> ssl.SSLContext:
 def auth_headers(config: Configuration) -> dict[str, str]:
     """The Authorization header for one request (read each time: an in-cluster token is
     rotated, and the client's refresh hook re-reads it)."""
-    token = config.get_api_key_with_prefix("BearerToken")
+    token = config.get_api_key_with_prefix("BearerToken", alias="authorization")
     if token:
         return {"Authorization": token}
     basic = config.get_basic_auth_token() if config.username else None
@@ -183,23 +223,30 @@ async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
         yield bytes(buffer)
 
 
-class PodWatch:
-    """List and watch the worker pods of ``namespaces`` (all if empty) into ``store``."""
+class ListWatch:
+    """List and watch one kind (in ``namespaces``, all if empty) into ``store``;
+    ``on_listed`` is called after every complete list, with the number of objects."""
 
     def __init__(
         self,
+        kind: Kind,
         kube: Kube,
         config: Configuration,
-        store: PodStore,
+        store: Store,
         on_event: OnEvent,
         *,
         namespaces: Collection[str] = (),
+        on_listed: Callable[[int], None] | None = None,
     ) -> None:
+        self.kind = kind
         self.kube = kube
         self.config = config
         self.store = store
         self.on_event = on_event
-        self.namespaces: list[str | None] = list(namespaces) or [None]
+        self.on_listed = on_listed
+        self.namespaces: list[str | None] = (
+            list(namespaces) if namespaces and kind.namespaced else [None]
+        )
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._versions: dict[str | None, str] = {}
@@ -209,28 +256,36 @@ class PodWatch:
         resume)."""
 
     def _path(self, namespace: str | None) -> str:
-        return f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        return self.kind.path(namespace)
 
     def _where(self, namespace: str | None) -> str:
-        return f"namespace {namespace}" if namespace else "all namespaces"
+        where = f"namespace {namespace}" if namespace else "all namespaces"
+        return f"{self.kind.name}, {where}" if self.kind.namespaced else self.kind.name
 
     # Listing ----------------------------------------------------------------------------
 
+    def _put(self, body: Mapping[str, Any]) -> tuple[Identity, Any]:
+        """File an object under its keys; its identity and view (None: not cached)."""
+        ident = identity_of(body)
+        view = self.kind.view(body)
+        if view is not None:
+            self.store.put(ident, view, self.kind.keys(view, ident))
+        return ident, view
+
     async def list_once(self, namespace: str | None) -> str:
-        """List the worker pods of ``namespace`` into the store, drop those it no longer
-        has, and return the list's resourceVersion (to watch from)."""
+        """List ``namespace`` into the store, drop what it no longer has, and return the
+        list's resourceVersion (to watch from)."""
         before = self.store.identities(namespace)  # strictly before the list is requested
-        query = {"labelSelector": contract.LABEL_SLICE_NAME, "limit": str(LIST_LIMIT)}
+        query = {"labelSelector": self.kind.label_selector, "limit": str(LIST_LIMIT)}
         listed: set[Identity] = set()
         version = ""
         while True:
             page = await self.kube.request("GET", self._path(namespace), query=query) or {}
             for item in page.get("items") or []:
-                view = pod_view(item)
+                ident, view = self._put(item)
                 if view is None:
                     continue
-                self.store.put(view)
-                listed.add(identity(view))
+                listed.add(ident)
                 self.on_event(None, view)
             meta = page.get("metadata") or {}
             version = meta.get("resourceVersion") or version
@@ -243,6 +298,8 @@ class PodWatch:
             if old is not None:
                 self.on_event("DELETED", old)
         self.lists += 1
+        if self.on_listed is not None:
+            self.on_listed(len(listed))
         return version
 
     async def list_all(self) -> None:
@@ -257,7 +314,7 @@ class PodWatch:
                     wait = self._backoff(failures, exc)
                     failures += 1
                     log.warning(
-                        "listing the worker pods (%s) failed: %s; trying again in %.1f s",
+                        "listing %s failed: %s; trying again in %.1f s",
                         self._where(namespace),
                         exc,
                         wait,
@@ -274,7 +331,7 @@ class PodWatch:
             connector=aiohttp.TCPConnector(ssl=ssl_context(self.config)),
         )
         for namespace in self.namespaces:
-            name = f"pod-watch-{namespace or 'all'}"
+            name = f"watch-{self.kind.name}-{namespace or 'all'}"
             self._tasks.append(asyncio.create_task(self._run(namespace), name=name))
 
     async def stop(self) -> None:
@@ -296,9 +353,7 @@ class PodWatch:
                 if version is None:
                     version = await self.list_once(namespace)
                     log.info(
-                        "listed the worker pods (%s) again: %d cached",
-                        self._where(namespace),
-                        self.store.pods,
+                        "listed %s again: %d cached", self._where(namespace), self.store.objects
                     )
                 began = asyncio.get_running_loop().time()
                 version = await self._watch(namespace, version)
@@ -307,7 +362,7 @@ class PodWatch:
                     await asyncio.sleep(BACKOFFS[0])  # a watch closed at once: no busy loop
             except Gone:
                 log.info(
-                    "the pod watch (%s) is too old to resume (410 Gone): listing again",
+                    "the watch of %s is too old to resume (410 Gone): listing again",
                     self._where(namespace),
                 )
                 version = None
@@ -318,7 +373,7 @@ class PodWatch:
                 wait = self._backoff(failures, exc)
                 failures += 1
                 log.warning(
-                    "the pod watch (%s) broke: %s; watching again in %.1f s",
+                    "the watch of %s broke: %s; watching again in %.1f s",
                     self._where(namespace),
                     exc or type(exc).__name__,
                     wait,
@@ -338,7 +393,7 @@ class PodWatch:
         seconds = int(WATCH_SECONDS * (1 + random.random() / 5))
         query = {
             "watch": "true",
-            "labelSelector": contract.LABEL_SLICE_NAME,
+            "labelSelector": self.kind.label_selector,
             "resourceVersion": version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(seconds),
@@ -361,19 +416,17 @@ class PodWatch:
         if kind == "ERROR":
             if body.get("code") == 410:
                 raise Gone()
-            raise _error(int(body.get("code") or 500), json.dumps(body), "pod watch")
+            raise _error(int(body.get("code") or 500), json.dumps(body), self.kind.name)
         new_version = (body.get("metadata") or {}).get("resourceVersion") or version
         if kind == "BOOKMARK":
             return new_version
-        view = pod_view(body)
-        if view is None:
-            return new_version
         if kind == "DELETED":
-            self.store.discard(identity(view))
-            self.on_event("DELETED", view)  # its final state, newer than the stored one
+            view = self.kind.view(body)
+            self.store.discard(identity_of(body))
         else:
-            self.store.put(view)
-            self.on_event(kind, view)
+            _, view = self._put(body)
+        if view is not None:
+            self.on_event(kind, view)  # DELETED: its final state, newer than the stored one
         return new_version
 
 

@@ -1,4 +1,4 @@
-"""The operator's own pod watch: the store's keys, applying watch lines, re-list healing."""
+"""The operator's own list-and-watch: the store's keys, applying watch lines, re-list healing."""
 
 from __future__ import annotations
 
@@ -9,10 +9,18 @@ from typing import Any
 import pytest
 
 from tpu_operator import contract
-from tpu_operator.runtime import podwatch
+from tpu_operator.runtime import listwatch
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.runtime.kube import ApiError
-from tpu_operator.runtime.podwatch import Gone, PodStore, PodWatch, identity, stale_after_list
+from tpu_operator.runtime.listwatch import (
+    NODES,
+    PODS,
+    Gone,
+    ListWatch,
+    Store,
+    identity_of,
+    stale_after_list,
+)
 from tpu_operator.state.views import PodView, pod_view
 
 pytestmark = pytest.mark.unit
@@ -59,15 +67,20 @@ def view(body: dict[str, Any]) -> PodView:
     return found
 
 
+def put(store: Store, body: dict[str, Any]) -> None:
+    ident, found = identity_of(body), view(body)
+    store.put(ident, found, PODS.keys(found, ident))
+
+
 def test_the_store_files_a_pod_under_every_key_and_moves_it_when_it_changes():
-    store = PodStore()
+    store = Store()
     caches = Caches(pods=store, slices={}, jobs={}, nodes={})
-    store.put(view(pod("j-0-0", "u0", pool="p1")))
+    put(store, pod("j-0-0", "u0", pool="p1"))
     assert [p.name for p in caches.pods_of_slice(NS, "j-0")] == ["j-0-0"]
     assert [p.name for p in caches.pods_of_job(NS, "j")] == ["j-0-0"]
     assert caches.pods_on_node("n1") == []
     assert list(caches.pinned_pools()) == ["p1"]
-    store.put(view(pod("j-0-0", "u0", pool="p1", node="n1", phase="Running")))
+    put(store, pod("j-0-0", "u0", pool="p1", node="n1", phase="Running"))
     assert [p.phase for p in caches.pods_on_node("n1")] == ["Running"]
     assert caches.count_pods_of_slice(NS, "j-0") == 1, "a change replaces, never adds"
     assert store.discard((NS, "j-0-0", "u0")) is not None
@@ -76,15 +89,15 @@ def test_the_store_files_a_pod_under_every_key_and_moves_it_when_it_changes():
 
 
 def test_a_standalone_slice_pod_has_no_job_key():
-    store = PodStore()
-    store.put(view(pod("s-0", "u0", job="s", slice_name="s")))
+    store = Store()
+    put(store, pod("s-0", "u0", job="s", slice_name="s"))
     assert set(store) == {("slice", NS, "s")}
 
 
 def test_caches_forget_drops_a_pod_through_the_store():
-    store = PodStore()
+    store = Store()
     caches = Caches(pods=store, slices={}, jobs={}, nodes={})
-    store.put(view(pod("j-0-0", "u0", node="n1")))
+    put(store, pod("j-0-0", "u0", node="n1"))
     assert list(caches.entries("pods")) == [(NS, "j-0-0", "u0")]
     caches.forget("pods", (NS, "j-0-0", "u0"))
     assert caches.entries("pods") == {} and caches.pods_on_node("n1") == []
@@ -117,7 +130,7 @@ class Reader:
 
 def lines(chunks: list[bytes]) -> list[bytes]:
     async def collect() -> list[bytes]:
-        return [line async for line in podwatch._lines(Reader(chunks))]  # type: ignore[arg-type]
+        return [line async for line in listwatch._lines(Reader(chunks))]  # type: ignore[arg-type]
 
     return asyncio.run(collect())
 
@@ -136,13 +149,13 @@ class Events:
     def __init__(self) -> None:
         self.seen: list[tuple[str | None, str, str]] = []
 
-    def __call__(self, type: str | None, view: PodView) -> None:
-        self.seen.append((type, view.name, view.phase))
+    def __call__(self, type: str | None, view: Any) -> None:
+        self.seen.append((type, view.name, getattr(view, "phase", "")))
 
 
-def watch() -> tuple[PodWatch, Events]:
+def watch() -> tuple[ListWatch, Events]:
     events = Events()
-    return PodWatch(None, None, PodStore(), events), events  # type: ignore[arg-type]
+    return ListWatch(PODS, None, None, Store(), events), events  # type: ignore[arg-type]
 
 
 def line(kind: str, body: dict[str, Any]) -> bytes:
@@ -158,7 +171,7 @@ def test_applying_watch_events_keeps_the_store_and_the_resume_version():
     assert [v.phase for v in w.store["slice", NS, "j-0"]] == ["Running"]
     deleted = pod("j-0-0", "u0", phase="Failed", version="10")
     assert w._apply(line("DELETED", deleted), "9") == "10"
-    assert w.store.pods == 0
+    assert w.store.objects == 0
     assert events.seen == [
         ("ADDED", "j-0-0", "Pending"),
         ("MODIFIED", "j-0-0", "Running"),
@@ -166,7 +179,7 @@ def test_applying_watch_events_keeps_the_store_and_the_resume_version():
     ]
     unlabelled = {"metadata": {"name": "x", "namespace": NS, "resourceVersion": "11"}}
     assert w._apply(line("ADDED", unlabelled), "10") == "11"
-    assert w.store.pods == 0 and len(events.seen) == 3
+    assert w.store.objects == 0 and len(events.seen) == 3
 
 
 def test_a_watch_error_410_lists_again_and_others_raise_with_the_code():
@@ -203,15 +216,40 @@ class Pages:
 
 def test_a_list_pages_through_and_drops_pods_deleted_while_no_watch_ran():
     events = Events()
-    store = PodStore()
-    store.put(view(pod("j-0-7", "gone")))
-    store.put(view(pod("j-0-0", "u0")))
+    store = Store()
+    put(store, pod("j-0-7", "gone"))
+    put(store, pod("j-0-0", "u0"))
     pages = Pages([pod(f"j-0-{i}", f"u{i}", phase="Running") for i in range(5)])
-    w = PodWatch(pages, None, store, events, namespaces=[NS])  # type: ignore[arg-type]
+    w = ListWatch(PODS, pages, None, store, events, namespaces=[NS])  # type: ignore[arg-type]
     assert asyncio.run(w.list_once(NS)) == "42"
     assert [q.get("continue") for q in pages.queries] == [None, "2", "4"]
     assert all(q["labelSelector"] == contract.LABEL_SLICE_NAME for q in pages.queries)
     assert sorted(name for _, name, _ in store.identities()) == [f"j-0-{i}" for i in range(5)]
     assert events.seen[-1] == ("DELETED", "j-0-7", "Pending")
     assert [t for t, _, _ in events.seen[:-1]] == [None] * 5
-    assert {identity(v) for v in store["slice", NS, "j-0"]} == set(store.identities())
+    assert {(v.namespace, v.name, v.uid) for v in store["slice", NS, "j-0"]} == set(
+        store.identities()
+    )
+
+
+def test_nodes_are_cluster_scoped_and_filed_by_name_pool_and_uid():
+    listed: list[int] = []
+    store = Store()
+    w = ListWatch(NODES, None, None, store, Events(), namespaces=[NS], on_listed=listed.append)  # type: ignore[arg-type]
+    assert w.namespaces == [None], "nodes are listed cluster-wide even in namespaced mode"
+    node = {
+        "metadata": {
+            "name": "n1",
+            "uid": "nu1",
+            "resourceVersion": "3",
+            "labels": {contract.NODE_LABEL_ACCELERATOR: "tpu-v5p-slice",
+                       contract.NODE_LABEL_NODEPOOL: "p1"},
+        },
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }  # fmt: skip
+    w._apply(line("ADDED", node), "2")
+    caches = Caches(pods=Store(), slices={}, jobs={}, nodes=store)
+    assert caches.node("n1") is not None and caches.node("n1").pool == "p1"
+    assert list(caches.entries("nodes")) == [(None, "n1", "nu1")]
+    caches.forget("nodes", (None, "n1", "nu1"))
+    assert caches.node("n1") is None and len(store) == 0
