@@ -253,3 +253,17 @@ def test_nodes_are_cluster_scoped_and_filed_by_name_pool_and_uid():
     assert list(caches.entries("nodes")) == [(None, "n1", "nu1")]
     caches.forget("nodes", (None, "n1", "nu1"))
     assert caches.node("n1") is None and len(store) == 0
+
+
+def test_an_event_that_changes_nothing_the_operator_reads_wakes_nothing():
+    events = Events()
+    counted: list[int] = []
+    w = ListWatch(PODS, None, None, Store(), events, count=lambda: counted.append(1))  # type: ignore[arg-type]
+    w._apply(line("ADDED", pod("j-0-0", "u0", version="5")), "4")
+    annotated = pod("j-0-0", "u0", version="6")
+    annotated["metadata"]["annotations"] = {"example.com/note": "x"}
+    assert w._apply(line("MODIFIED", annotated), "5") == "6"
+    assert events.seen == [("ADDED", "j-0-0", "Pending")], "the PodView did not change"
+    w._apply(line("MODIFIED", pod("j-0-0", "u0", phase="Running", version="7")), "6")
+    assert events.seen[-1] == ("MODIFIED", "j-0-0", "Running")
+    assert len(counted) == 3, "every event is counted"

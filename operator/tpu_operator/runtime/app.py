@@ -105,10 +105,22 @@ class Runtime:
         pods, nodes = Store(), Store()
         self.caches = Caches(pods=pods, slices=slices, jobs=jobs, nodes=nodes)
         self.pod_watch = ListWatch(
-            PODS, self.kube, kube_config, pods, self.pod_event, namespaces=config.namespaces
+            PODS,
+            self.kube,
+            kube_config,
+            pods,
+            self.pod_event,
+            namespaces=config.namespaces,
+            count=self.metrics.watch_events.labels("pods").inc,
         )
         self.node_watch = ListWatch(
-            NODES, self.kube, kube_config, nodes, self.node_event, on_listed=self._nodes_listed
+            NODES,
+            self.kube,
+            kube_config,
+            nodes,
+            self.node_event,
+            on_listed=self._nodes_listed,
+            count=self.metrics.watch_events.labels("nodes").inc,
         )
         self.audit = CacheAudit(
             self.kube,
@@ -221,7 +233,6 @@ class Runtime:
 
     def pod_event(self, type: str | None, view: PodView) -> None:
         """A worker pod changed (``type`` None: listed): wake its slice and job."""
-        self.metrics.watch_events.labels("pods").inc()
         if type == "DELETED":
             self.caches.tombstones.record(view)  # a standby keeps them too
         if not self.acting:
@@ -238,7 +249,6 @@ class Runtime:
     def node_event(self, type: str | None, view: NodeView) -> None:
         """A TPU node changed: its pods' slices and jobs, and whatever waits for a pool,
         look again (after a list, ``_nodes_listed`` wakes everything once instead)."""
-        self.metrics.watch_events.labels("nodes").inc()
         self.caches.nodes_changed()
         if not self.acting or type is None:
             return

@@ -1,7 +1,8 @@
-"""Typed read access to the watch caches (kopf indexes) the reconcilers work from.
+"""Typed read access to the watch caches the reconcilers work from.
 
-kopf keeps one index per watched kind, filled before any handler runs. Each index maps a
-key to a collection of values; the keys used here:
+kopf keeps an index of TPUJobs and TPUSlices (and Kueue Workloads), the operator's own
+list-and-watch (``runtime/listwatch.py``) a store of worker pods and TPU nodes; every one is
+filled before anything reconciles and maps a key to a collection of values; the keys:
 
 - pods: ("slice", ns, slice) / ("job", ns, job) (job-owned pods only) / ("node", node) /
   ("pool", node pool the pod is pinned to) -> PodView
@@ -17,7 +18,8 @@ worker vanished after the index forgot it.
 object by its identity, and dropping one the API no longer has. kopf files each object
 under ``(namespace, name, uid)`` in its indexes and removes it from every key at once on a
 DELETED event; ``forget`` does the same through the index's own ``_discard`` (kopf's
-internal indexer protocol: ``tests/unit/test_audit.py`` pins it to the installed kopf).
+internal indexer protocol: ``tests/unit/test_audit.py`` pins it to the installed kopf;
+the operator's own ``listwatch.Store`` has the same method).
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ log = logging.getLogger(__name__)
 Identity = tuple[str | None, str, str]
 """(namespace, name, uid), as kopf files indexed objects (``runtime/caches.Identity``)."""
 OnEvent = Callable[[str | None, Any], None]
-"""Called with every event's view after the store has it: ``ADDED``, ``MODIFIED``,
-``DELETED``, or None for an object of a (re-)list."""
+"""Called with an event's view after the store has it, when the view changed: ``ADDED``,
+``MODIFIED``, ``DELETED``, or None for an object of a (re-)list."""
 Keys = dict[Any, Any]
 """Index key -> the value filed under it, for one object."""
 
@@ -101,6 +101,12 @@ class Store(Mapping[Any, Collection[Any]]):
     def __getitem__(self, key: Any) -> Collection[Any]:
         return self._keys[key].values()
 
+    def get(self, key: Any, default: Any = None) -> Any:
+        # Mapping's own ``get`` catches a KeyError per miss: most lookups (a node's pods,
+        # a pool's pods) miss, and the exception cost more than the lookup.
+        entries = self._keys.get(key)
+        return default if entries is None else entries.values()
+
     def __iter__(self) -> Iterator[Any]:
         return iter(self._keys)
 
@@ -117,14 +123,17 @@ class Store(Mapping[Any, Collection[Any]]):
             return list(self._views)
         return [i for i in self._views if i[0] == namespace]
 
-    def put(self, ident: Identity, view: Any, keys: Keys) -> None:
-        """Store ``view`` under ``keys``, replacing the object's earlier entries."""
+    def put(self, ident: Identity, view: Any, keys: Keys) -> Any:
+        """Store ``view`` under ``keys``, replacing the object's earlier entries; return
+        the earlier view (None if the object is new)."""
+        old = self._views.get(ident)
         if ident in self._filed:
             self._unfile(ident)
         self._views[ident] = view
         self._filed[ident] = keys
         for key, value in keys.items():
             self._keys.setdefault(key, {})[ident] = value
+        return old
 
     def discard(self, ident: Identity) -> Any:
         """Drop an object under every key; return its last view (None if not stored)."""
@@ -237,8 +246,11 @@ class ListWatch:
         *,
         namespaces: Collection[str] = (),
         on_listed: Callable[[int], None] | None = None,
+        count: Callable[[], None] | None = None,
     ) -> None:
         self.kind = kind
+        self.count = count
+        """Called for every object listed and every watch event (a metric)."""
         self.kube = kube
         self.config = config
         self.store = store
@@ -264,13 +276,18 @@ class ListWatch:
 
     # Listing ----------------------------------------------------------------------------
 
-    def _put(self, body: Mapping[str, Any]) -> tuple[Identity, Any]:
-        """File an object under its keys; its identity and view (None: not cached)."""
+    def _put(self, body: Mapping[str, Any]) -> tuple[Identity, Any, bool]:
+        """File an object under its keys: its identity, its view (None: not cached) and
+        whether the view changed (most events change nothing the operator reads: a
+        node's status, a pod's annotations; those wake nothing)."""
+        if self.count is not None:
+            self.count()
         ident = identity_of(body)
         view = self.kind.view(body)
-        if view is not None:
-            self.store.put(ident, view, self.kind.keys(view, ident))
-        return ident, view
+        if view is None:
+            return ident, None, False
+        old = self.store.put(ident, view, self.kind.keys(view, ident))
+        return ident, view, old != view
 
     async def list_once(self, namespace: str | None) -> str:
         """List ``namespace`` into the store, drop what it no longer has, and return the
@@ -282,11 +299,12 @@ class ListWatch:
         while True:
             page = await self.kube.request("GET", self._path(namespace), query=query) or {}
             for item in page.get("items") or []:
-                ident, view = self._put(item)
+                ident, view, changed = self._put(item)
                 if view is None:
                     continue
                 listed.add(ident)
-                self.on_event(None, view)
+                if changed:
+                    self.on_event(None, view)
             meta = page.get("metadata") or {}
             version = meta.get("resourceVersion") or version
             token = meta.get("continue")
@@ -421,11 +439,14 @@ class ListWatch:
         if kind == "BOOKMARK":
             return new_version
         if kind == "DELETED":
+            if self.count is not None:
+                self.count()
             view = self.kind.view(body)
             self.store.discard(identity_of(body))
+            changed = True
         else:
-            _, view = self._put(body)
-        if view is not None:
+            _, view, changed = self._put(body)
+        if view is not None and changed:
             self.on_event(kind, view)  # DELETED: its final state, newer than the stored one
         return new_version
 
