@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tpu_operator.api.status import Phase
 from tpu_operator.metrics import OperatorMetrics
@@ -36,7 +37,7 @@ from tpu_operator.runtime.control import ControlChannel, load_master_key
 from tpu_operator.runtime.events import EventRecorder
 from tpu_operator.runtime.kube import ApiError, Kube, RequestRecord, load_configuration
 from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
-from tpu_operator.runtime.listwatch import NODES, PODS, ListWatch, Store
+from tpu_operator.runtime.listwatch import NODES, PODS, Kind, ListWatch, OnEvent, Store
 from tpu_operator.runtime.workqueue import WorkQueue
 from tpu_operator.state.views import NodeView, PodView
 
@@ -104,24 +105,13 @@ class Runtime:
         )
         pods, nodes = Store(), Store()
         self.caches = Caches(pods=pods, slices=slices, jobs=jobs, nodes=nodes)
-        self.pod_watch = ListWatch(
-            PODS,
-            self.kube,
-            kube_config,
-            pods,
-            self.pod_event,
-            namespaces=config.namespaces,
-            count=self.metrics.watch_events.labels("pods").inc,
-        )
-        self.node_watch = ListWatch(
-            NODES,
-            self.kube,
-            kube_config,
-            nodes,
-            self.node_event,
-            on_listed=self._nodes_listed,
-            count=self.metrics.watch_events.labels("nodes").inc,
-        )
+
+        def watch(kind: Kind, store: Store, on_event: OnEvent, **options: Any) -> ListWatch:
+            count = self.metrics.watch_events.labels(kind.name).inc
+            return ListWatch(kind, self.kube, kube_config, store, on_event, count=count, **options)
+
+        self.pod_watch = watch(PODS, pods, self.pod_event, namespaces=config.namespaces)
+        self.node_watch = watch(NODES, nodes, self.node_event, on_listed=self._nodes_listed)
         self.audit = CacheAudit(
             self.kube,
             self.caches,
