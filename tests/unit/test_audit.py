@@ -205,17 +205,12 @@ def test_objects_cached_after_the_list_was_requested_are_kept() -> None:
     assert {p.name for p in caches.pods_of_slice(NS, "train-0")} == {"train-0-0", "train-0-1"}
 
 
-def test_start_up_waits_until_kopf_holds_every_listed_job_and_slice() -> None:
+def test_start_up_asks_whether_any_job_or_slice_exists() -> None:
     indexes = Indexes()
-    auditor, _, _ = make_audit(indexes, FakeKube({}))
-    assert asyncio.run(auditor.holds_all(("jobs", "slices"))), "nothing exists: listed"
-    indexes.put("jobs", job("train", "j1"))
-    kube = FakeKube({"jobs": {"j1"}, "slices": {"s1"}})
-    auditor, _, _ = make_audit(indexes, kube)
-    assert not asyncio.run(auditor.holds_all(("jobs", "slices"))), "slice s1 not indexed yet"
-    indexes.put("slices", slice_("train-0", "s1", "train"))
-    auditor, _, _ = make_audit(indexes, kube)
-    assert asyncio.run(auditor.holds_all(("jobs", "slices")))
+    auditor, _, _ = make_audit(indexes, FakeKube({"pods": {"p1"}}))
+    assert not asyncio.run(auditor.any_exist(("jobs", "slices"))), "pods do not count"
+    auditor, _, _ = make_audit(indexes, FakeKube({"slices": {"s1"}}), namespaces=[NS, "b"])
+    assert asyncio.run(auditor.any_exist(("jobs", "slices")))
 
 
 def test_a_standby_heals_its_caches_but_enqueues_nothing() -> None:

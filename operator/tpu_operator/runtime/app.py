@@ -43,7 +43,7 @@ from tpu_operator.state.views import NodeView, PodView
 
 log = logging.getLogger(__name__)
 LISTED_POLL_SECONDS = 1.0
-"""How often start-up checks whether kopf's indexes hold every TPUJob and TPUSlice."""
+"""How often start-up asks whether any TPUJob or TPUSlice exists (``_all_listed``)."""
 
 
 @dataclass
@@ -295,14 +295,14 @@ class Runtime:
         on_lost(reason)
 
     async def _all_listed(self) -> None:
-        """Until the node and pod lists are complete and kopf's indexes hold every TPUJob
-        and TPUSlice: kopf calls a handler (``listed``) once its listings are in, but with
-        no TPUJob or TPUSlice at all it calls none, so the API is asked which exist."""
+        """Until the node and pod lists are complete and kopf has listed its kinds: kopf
+        calls its first handler (``listed``) once every index has its listing, but when
+        no TPUJob or TPUSlice exists at all it may call none, so the API is asked."""
         await self.own_listed.wait()
         while not self.listed.is_set():
             try:
-                if await self.audit.holds_all(("jobs", "slices")):
-                    return
+                if not await self.audit.any_exist(("jobs", "slices")):
+                    return  # nothing to reconcile yet; a new object comes with an event
             except ApiError as exc:
                 log.warning("listing TPUJobs and TPUSlices failed: %s; trying again", exc)
             with contextlib.suppress(TimeoutError):

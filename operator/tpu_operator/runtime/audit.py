@@ -218,18 +218,14 @@ class CacheAudit:
             else:
                 log.debug("watch caches (%s) match the API (%.2f s)", reason, result.seconds)
 
-    async def holds_all(self, kinds: Iterable[str]) -> bool:
-        """Whether the caches hold every object of ``kinds`` that the API lists now."""
+    async def any_exist(self, kinds: Iterable[str]) -> bool:
+        """Whether the API has any object of ``kinds`` (in the watched namespaces)."""
         for kind in kinds:
-            cached = {identity[2] for identity in self.caches.entries(kind)}
             source = SOURCES[kind]
             for path in source.paths(self.namespaces):
-                for meta in await self.kube.list_metadata(
-                    path, label_selector=source.label_selector
-                ):
-                    if meta.get("uid", "") not in cached:
-                        return False
-        return True
+                if await self.kube.list_metadata(path, label_selector=source.label_selector):
+                    return True
+        return False
 
     async def audit(self, reason: str = "requested") -> AuditResult:
         """List every watched kind; drop the cached objects the API no longer has."""
