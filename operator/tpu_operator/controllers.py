@@ -194,7 +194,11 @@ async def stopping(memo: Any, **_: Any) -> None:
             task.cancel()
     runtime = memo.get(RUNTIME_KEY)
     if runtime is not None:
-        await asyncio.wait_for(runtime.stop(), timeout=10)
+        # Not wait_for: it would wait for a cancelled stop to finish cancelling too.
+        halting = asyncio.ensure_future(runtime.stop())
+        done, _pending = await asyncio.wait({halting}, timeout=10)
+        if not done:
+            log.error("the runtime did not stop within 10 s; exiting without waiting for it")
     elector = memo.get(ELECTOR_KEY)
     if elector is not None:
         # After the runtime stopped: the standby takes over at once, not after expiry.

@@ -43,6 +43,8 @@ from tpu_operator.state.views import NodeView, PodView
 
 log = logging.getLogger(__name__)
 LISTED_POLL_SECONDS = 1.0
+HALT_SECONDS = 5.0
+"""How long a deposed leader waits for its reconciles and queues to stop before exiting."""
 """How often start-up asks whether any TPUJob or TPUSlice exists (``_all_listed``)."""
 
 
@@ -291,7 +293,12 @@ class Runtime:
             listed.cancel()
             lost.cancel()
         log.error("lost the leadership (%s): stopping at once and exiting", reason)
-        await self.halt()
+        # A deposed leader must exit whatever its reconciles do (they are fenced already:
+        # ``_may_act``); a halt that does not finish in time is left behind, not awaited.
+        halting = asyncio.ensure_future(self.halt())
+        done, _ = await asyncio.wait({halting}, timeout=HALT_SECONDS)
+        if not done:
+            log.error("halting took over %.0f s; exiting without waiting for it", HALT_SECONDS)
         on_lost(reason)
 
     async def _all_listed(self) -> None:
