@@ -10,6 +10,7 @@ import pytest
 
 from tpu_operator import contract
 from tpu_operator.runtime import listwatch
+from tpu_operator.runtime.audit import stale
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.runtime.kube import ApiError
 from tpu_operator.runtime.listwatch import (
@@ -19,7 +20,6 @@ from tpu_operator.runtime.listwatch import (
     ListWatch,
     Store,
     identity_of,
-    stale_after_list,
 )
 from tpu_operator.state.views import PodView, pod_view
 
@@ -113,8 +113,8 @@ def test_caches_forget_drops_a_pod_through_the_store():
         ([(NS, "a", "1")], [(NS, "a", "9")], [(NS, "a", "1")]),
     ],
 )
-def test_stale_after_list(stored, listed, gone):
-    assert stale_after_list(stored, set(listed)) == gone
+def test_a_relist_drops_what_it_does_not_hold(stored, listed, gone):
+    assert stale(stored, {uid for _, _, uid in listed}) == gone
 
 
 class Reader:

@@ -30,7 +30,7 @@ from tpu_operator.reconcile.jobs import JobReconciler
 from tpu_operator.reconcile.pacing import reconcile_spacing
 from tpu_operator.reconcile.slices import SliceReconciler
 from tpu_operator.reconcile.supervisors import Supervisors
-from tpu_operator.runtime.audit import CacheAudit
+from tpu_operator.runtime.audit import CacheAudit, wake_pod
 from tpu_operator.runtime.caches import Caches, Index
 from tpu_operator.runtime.collector import DEFAULT_THRESHOLD
 from tpu_operator.runtime.control import ControlChannel, load_master_key
@@ -229,9 +229,7 @@ class Runtime:
             self.caches.tombstones.record(view)  # a standby keeps them too
         if not self.acting:
             return
-        self.slices.add((view.namespace, view.slice_name))
-        if view.job_owned:
-            self.jobs.add((view.namespace, view.job_name))
+        wake_pod(self, view)
         # A pool changes hands when the last pod on it is gone: wake whoever waits for one
         # now rather than at their next periodic retry.
         freed = view.pool and (type == "DELETED" or view.terminal)
@@ -245,9 +243,7 @@ class Runtime:
         if not self.acting or type is None:
             return
         for pod in self.caches.pods_on_node(view.name):
-            self.slices.add((pod.namespace, pod.slice_name))
-            if pod.job_owned:
-                self.jobs.add((pod.namespace, pod.job_name))
+            wake_pod(self, pod)
         self.wake_waiting()
 
     def _nodes_listed(self, _count: int) -> None:

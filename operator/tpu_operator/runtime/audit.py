@@ -70,6 +70,13 @@ class Owner(Protocol):
     def wake_waiting(self) -> None: ...
 
 
+def wake_pod(owner: Owner, pod: PodView) -> None:
+    """Reconcile what a worker pod belongs to: its slice and, for a job's pod, its job."""
+    owner.slices.add((pod.namespace, pod.slice_name))
+    if pod.job_owned:
+        owner.jobs.add((pod.namespace, pod.job_name))
+
+
 def stale(
     cached: Iterable[Identity], listed: Collection[str], scope: Collection[str] | None = None
 ) -> list[Identity]:
@@ -262,9 +269,7 @@ class CacheAudit:
             return
         for (namespace, name, _), value in dropped.items():
             if kind == "pods" and isinstance(value, PodView):
-                owner.slices.add((value.namespace, value.slice_name))
-                if value.job_owned:
-                    owner.jobs.add((value.namespace, value.job_name))
+                wake_pod(owner, value)
             elif kind == "slices" and namespace:
                 owner.slices.add((namespace, name))
                 job = slice_job_name(value)
@@ -274,7 +279,5 @@ class CacheAudit:
                 owner.jobs.add((namespace, name))
             elif kind == "nodes":
                 for pod in self.caches.pods_on_node(name):
-                    owner.slices.add((pod.namespace, pod.slice_name))
-                    if pod.job_owned:
-                        owner.jobs.add((pod.namespace, pod.job_name))
+                    wake_pod(owner, pod)
         owner.wake_waiting()

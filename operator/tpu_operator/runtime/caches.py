@@ -96,7 +96,8 @@ def _first(index: Index, key: Any) -> Any:
     return None
 
 
-def _meta_identity(body: Mapping[str, Any]) -> Identity:
+def identity_of(body: Mapping[str, Any]) -> Identity:
+    """How an object is filed in the caches: (namespace or None, name, uid)."""
     meta = body.get("metadata") or {}
     return meta.get("namespace"), meta.get("name", ""), meta.get("uid", "")
 
@@ -140,7 +141,7 @@ class Caches:
         elif kind in ("slices", "jobs"):
             bodies = self.all_slices() if kind == "slices" else self.jobs()
             for body in list(bodies):
-                found[_meta_identity(body)] = body
+                found[identity_of(body)] = body
         elif kind == "nodes":
             for key, store in list(self._nodes.items()):
                 if key[0] == "uid":

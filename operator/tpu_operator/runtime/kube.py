@@ -198,21 +198,13 @@ class Kube:
                     self._executor, self._call, verb, path, query, body, content_type, accept
                 )
             except kubernetes.client.ApiException as exc:
-                status, data = exc.status or 0, _decode(exc.body)
+                status, data = exc.status or 0, decode(exc.body)
             except Exception as exc:  # connection refused, timeout, TLS ...
                 self._observe(verb, 0, started)
                 raise ApiError(verb, path, 0, *_transport_error(exc)) from exc
         self._observe(verb, status, started)
         if status >= 400:
-            data = data if isinstance(data, dict) else {}
-            raise ApiError(
-                verb,
-                path,
-                status,
-                data.get("reason", ""),
-                data.get("message", str(data)),
-                retry_after=retry_after(data),
-            )
+            raise status_error(verb, path, status, data)
         return data
 
     def _observe(self, verb: str, status: int, started: float) -> None:
@@ -310,7 +302,20 @@ def retry_after(status: Mapping[str, Any]) -> float | None:
     return None
 
 
-def _decode(raw: object) -> Any:
+def status_error(verb: str, path: str, status: int, data: Any) -> ApiError:
+    """The ApiError for a failed request whose body is ``data`` (a decoded Status)."""
+    data = data if isinstance(data, dict) else {}
+    return ApiError(
+        verb,
+        path,
+        status,
+        data.get("reason", ""),
+        data.get("message", str(data)),
+        retry_after=retry_after(data),
+    )
+
+
+def decode(raw: object) -> Any:
     if not raw:
         return None
     try:

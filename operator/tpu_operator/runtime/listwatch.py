@@ -35,7 +35,7 @@ import json
 import logging
 import random
 import ssl
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,13 +43,13 @@ import aiohttp
 from kubernetes.client import Configuration
 
 from tpu_operator import contract
-from tpu_operator.runtime.kube import ApiError, Kube, retry_after
+from tpu_operator.runtime.audit import stale
+from tpu_operator.runtime.caches import Identity, identity_of
+from tpu_operator.runtime.kube import ApiError, Kube, decode, status_error
 from tpu_operator.state.views import NodeView, PodView, node_view, pod_view
 
 log = logging.getLogger(__name__)
 
-Identity = tuple[str | None, str, str]
-"""(namespace, name, uid), as kopf files indexed objects (``runtime/caches.Identity``)."""
 OnEvent = Callable[[str | None, Any], None]
 """Called with an event's view after the store has it, when the view changed: ``ADDED``,
 ``MODIFIED``, ``DELETED``, or None for an object of a (re-)list."""
@@ -83,11 +83,6 @@ def pod_keys(view: PodView) -> Keys:
 def node_keys(view: NodeView, uid: str) -> Keys:
     """The index keys of a TPU node (``runtime/caches.py``)."""
     return {("node", view.name): view, ("tpu",): view, ("uid", view.name): uid}
-
-
-def identity_of(body: Mapping[str, Any]) -> Identity:
-    meta = body.get("metadata") or {}
-    return meta.get("namespace"), meta.get("name", ""), meta.get("uid", "")
 
 
 class Store(Mapping[Any, Collection[Any]]):
@@ -184,11 +179,6 @@ NODES = Kind(
 )
 
 
-def stale_after_list(stored: Iterable[Identity], listed: Collection[Identity]) -> list[Identity]:
-    """The stored pods a complete list does not hold: deleted while no watch saw it."""
-    return [ident for ident in stored if ident not in listed]
-
-
 class Gone(Exception):
     """The watch's resourceVersion is too old (410): list again."""
 
@@ -263,12 +253,6 @@ class ListWatch:
         self._tasks: list[asyncio.Task[None]] = []
         self._versions: dict[str | None, str] = {}
         """Per namespace: the resourceVersion to resume watching from."""
-        self.lists = 0
-        """Complete lists so far (the first, and one after every watch that could not
-        resume)."""
-
-    def _path(self, namespace: str | None) -> str:
-        return self.kind.path(namespace)
 
     def _where(self, namespace: str | None) -> str:
         where = f"namespace {namespace}" if namespace else "all namespaces"
@@ -294,15 +278,15 @@ class ListWatch:
         list's resourceVersion (to watch from)."""
         before = self.store.identities(namespace)  # strictly before the list is requested
         query = {"labelSelector": self.kind.label_selector, "limit": str(LIST_LIMIT)}
-        listed: set[Identity] = set()
+        listed: set[str] = set()  # UIDs
         version = ""
         while True:
-            page = await self.kube.request("GET", self._path(namespace), query=query) or {}
+            page = await self.kube.request("GET", self.kind.path(namespace), query=query) or {}
             for item in page.get("items") or []:
                 ident, view, changed = self._put(item)
                 if view is None:
                     continue
-                listed.add(ident)
+                listed.add(ident[2])
                 if changed:
                     self.on_event(None, view)
             meta = page.get("metadata") or {}
@@ -311,11 +295,10 @@ class ListWatch:
             if not token:
                 break
             query["continue"] = token
-        for ident in stale_after_list(before, listed):
+        for ident in stale(before, listed):  # deleted while no watch saw it
             old = self.store.discard(ident)
             if old is not None:
                 self.on_event("DELETED", old)
-        self.lists += 1
         if self.on_listed is not None:
             self.on_listed(len(listed))
         return version
@@ -418,10 +401,13 @@ class ListWatch:
         }
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=seconds + 30)
         async with self._session.get(
-            self._path(namespace), params=query, headers=auth_headers(self.config), timeout=timeout
+            self.kind.path(namespace),
+            params=query,
+            headers=auth_headers(self.config),
+            timeout=timeout,
         ) as response:
             if response.status != 200:
-                raise _error(response.status, await response.text(), self._path(namespace))
+                raise _error(response.status, await response.text(), self.kind.path(namespace))
             async for line in _lines(response.content):
                 version = self._apply(line, version)
         return version
@@ -434,7 +420,7 @@ class ListWatch:
         if kind == "ERROR":
             if body.get("code") == 410:
                 raise Gone()
-            raise _error(int(body.get("code") or 500), json.dumps(body), self.kind.name)
+            raise status_error("WATCH", self.kind.name, int(body.get("code") or 500), body)
         new_version = (body.get("metadata") or {}).get("resourceVersion") or version
         if kind == "BOOKMARK":
             return new_version
@@ -452,18 +438,4 @@ class ListWatch:
 
 
 def _error(status: int, text: str, path: str) -> Exception:
-    if status == 410:
-        return Gone()
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = {"message": text}
-    data = data if isinstance(data, dict) else {"message": str(data)}
-    return ApiError(
-        "WATCH",
-        path,
-        status,
-        data.get("reason", ""),
-        data.get("message", text),
-        retry_after=retry_after(data),
-    )
+    return Gone() if status == 410 else status_error("WATCH", path, status, decode(text))
