@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -402,6 +403,28 @@ def test_pods_allowed_and_done_before_the_job_looks_clear_the_refusal():
     for pod in cluster.pods("j"):
         cluster.exit_pod(pod, 0)
     cluster.settle()
+    job = cluster.job("j")
+    assert job["status"]["phase"] == "Succeeded"
+    scheduled = conditions(job)["PodsScheduled"]
+    assert (scheduled["status"], scheduled["reason"]) == ("True", "Scheduled")
+
+
+def test_pods_that_exist_clear_the_refusal_even_if_the_slice_status_trails():
+    """The job can see its pods run to the end before the slice's status write that
+    follows their creation: pods that exist were not refused, whatever it still says."""
+    cluster = RefusingCluster()
+    why = 'pods "j-0-0" is forbidden: error looking up service account ml/late-sa'
+    cluster.refusal = ApiError("POST", "/pods", 403, "Forbidden", why)
+    cluster.apply_job("j", job_spec(serviceAccountName="late-sa"))
+    cluster.settle()
+    refused = copy.deepcopy(cluster.slice("j-0")["status"])
+    cluster.refusal = None
+    cluster.reconcile_slice("j-0")
+    cluster.slice("j-0")["status"] = refused  # the slice's next status not yet seen
+    cluster.run_pods("j")
+    for pod in cluster.pods("j"):
+        cluster.exit_pod(pod, 0)
+    cluster.reconcile_job("j")
     job = cluster.job("j")
     assert job["status"]["phase"] == "Succeeded"
     scheduled = conditions(job)["PodsScheduled"]

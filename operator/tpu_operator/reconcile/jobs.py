@@ -771,12 +771,16 @@ class JobRun:
             c.get("type") == ConditionType.PODS_SCHEDULED and c.get("reason") in refused
             for c in self.conditions
         )
-        if stale and not state.to_create and self._refused_pods(attempt) is None:
+        if stale and self._refused_pods(attempt, state) is None:
             self._condition(ConditionType.PODS_SCHEDULED, True, Reason.SCHEDULED)
 
-    def _refused_pods(self, attempt: int) -> tuple[Reason, str] | None:
+    def _refused_pods(self, attempt: int, state: GangState) -> tuple[Reason, str] | None:
         """Why a slice cannot create this attempt's pods (the apiserver refuses them and
-        the slice retries), as its Ready condition says."""
+        the slice retries), as its Ready condition says. None once every pod of the
+        attempt exists: the slice's status that says so can reach this job after the pods
+        themselves have run to the end."""
+        if not state.to_create:
+            return None
         retried = (Reason.PODS_FORBIDDEN, Reason.POD_CREATION_FAILED)
         for _, body in sorted(self.slices.items()):
             status = body.get("status") or {}
@@ -1023,7 +1027,7 @@ class JobRun:
             if not self._condition_is(ConditionType.PODS_SCHEDULED, False):
                 self._event("Warning", Reason.UNSCHEDULABLE, message)
             self._condition(ConditionType.PODS_SCHEDULED, False, Reason.UNSCHEDULABLE, message)
-        elif refused := self._refused_pods(attempt):
+        elif refused := self._refused_pods(attempt, state):
             reason, message = refused
             status.message = f"attempt {attempt}: {message}"
             if not any(
