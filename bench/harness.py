@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from localcluster import Cluster, Pool  # noqa: E402
+from localcluster.images import operator_venv  # noqa: E402
 from tests.operator.support import (  # noqa: E402
     OperatorProcess,
     free_port,
@@ -177,12 +178,20 @@ class Operator(OperatorProcess):
     """``tpu-operator run`` as a subprocess (the integration tests' launcher)."""
 
     def __init__(
-        self, cluster: Cluster, name: str, args: Sequence[str] = (), source: Path | None = None
+        self,
+        cluster: Cluster,
+        name: str,
+        args: Sequence[str] = (),
+        source: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        """``source``: run the operator code of another checkout (its ``operator/``)."""
+        """Installed as the operator image installs it (its extra only, none of the dev
+        tools: what it imports and the memory it takes are the image's), from this
+        checkout or ``source``, another one (an A/B)."""
         log_path = cluster.logs_dir / f"operator-{name}.log"
-        env = {"PYTHONPATH": str(source.resolve() / "operator")} if source else None
-        super().__init__(cluster.kubeconfig, log_path, list(args), env)
+        venv = operator_venv(source.resolve() if source else REPO)
+        python = str(venv / "bin" / "python")
+        super().__init__(cluster.kubeconfig, log_path, list(args), dict(env or {}), python)
 
     @property
     def pid(self) -> int:

@@ -29,6 +29,13 @@ share of a core). Figures are printed as a Markdown table and written to
 ``bench/results/load.json``.
 
     .venv/bin/python bench/load.py [--jobs 1000] [--reps 1] [--steady 60] [--profile DIR]
+        [--tracemalloc DIR]
+
+The operator runs as its image installs it (``localcluster.images.operator_venv``: the
+``operator`` extra alone), so its memory is what a cluster would see, not that of the
+development environment (whose extra packages kopf imports when it finds them).
+``--tracemalloc DIR`` makes it trace its allocations and write, every 20 s, what holds its
+memory (``bench/memhook``); its figures are then no measure of anything else.
 """
 
 from __future__ import annotations
@@ -171,6 +178,8 @@ class Bench:
     steady: float
     profile: Path | None = None
     """Where py-spy writes the operator's stacks while jobs start and while it restarts."""
+    tracemalloc: Path | None = None
+    """Where the operator writes what holds its memory (``bench/memhook``), if anywhere."""
     trials: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -232,9 +241,22 @@ async def drain(bench: Bench, namespace: str, pods: PodCounts) -> None:
     await pods.stop()
 
 
+def memhook(bench: Bench, rep: int) -> dict[str, str]:
+    """The environment that makes the operator trace its memory (``--tracemalloc``)."""
+    if bench.tracemalloc is None:
+        return {}
+    bench.tracemalloc.mkdir(parents=True, exist_ok=True)
+    return {
+        "PYTHONPATH": str(Path(__file__).resolve().parent / "memhook"),
+        "TPU_BENCH_TRACEMALLOC": str(bench.tracemalloc / f"load-{rep}.txt"),
+    }
+
+
 async def trial_operator(bench: Bench, rep: int) -> dict[str, Any]:
     namespace = NAMESPACES["operator"]
-    operator = harness.Operator(bench.cluster, f"load-{rep}", [f"--namespace={namespace}"])
+    operator = harness.Operator(
+        bench.cluster, f"load-{rep}", [f"--namespace={namespace}"], env=memhook(bench, rep)
+    )
     operator.start()
     pods = PodCounts(bench.api, pods_path(namespace))
     await pods.start()
@@ -437,6 +459,11 @@ def main() -> None:
     parser.add_argument(
         "--profile", type=Path, help="write py-spy stacks of the operator to this directory"
     )
+    parser.add_argument(
+        "--tracemalloc",
+        type=Path,
+        help="the operator traces its memory and writes what holds it to this directory",
+    )
     args = parser.parse_args()
     plans = plan(args.jobs)
     pools = pools_for(plans)
@@ -451,7 +478,7 @@ def main() -> None:
         timeout=TIMEOUT,
         component_args=harness.SCALE_ARGS,  # nodes schedulable at once, as scale.py's
     ) as cluster:
-        bench = Bench(cluster, None, plans, args.steady, args.profile)  # type: ignore[arg-type]
+        bench = Bench(cluster, None, plans, args.steady, args.profile, args.tracemalloc)  # type: ignore[arg-type]
         asyncio.run(drive(bench, args.reps))
     results = figures(bench.trials, total)
     report(results, len(plans), total)

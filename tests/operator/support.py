@@ -37,19 +37,23 @@ class OperatorProcess:
         log_path: Path,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        python: str | None = None,
     ):
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.extra_args = extra_args or []
         self.env = env or {}
-        """Extra environment (a benchmark's A/B: ``PYTHONPATH`` of another checkout)."""
+        """Extra environment (a benchmark's memory profile: ``PYTHONPATH`` of its hook)."""
+        self.python = python or sys.executable
+        """The interpreter: the tests' own, or that of a virtualenv the operator is
+        installed in as its image installs it (the benchmarks)."""
         self.metrics_port = free_port()
         self.health_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         command = [
-            sys.executable,
+            self.python,
             "-m",
             "tpu_operator",
             "run",
