@@ -180,6 +180,8 @@ class Bench:
     """Where py-spy writes the operator's stacks while jobs start and while it restarts."""
     tracemalloc: Path | None = None
     """Where the operator writes what holds its memory (``bench/memhook``), if anywhere."""
+    operator_env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of the operator (``--operator-env``: an allocator setting, say)."""
     trials: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -244,9 +246,10 @@ async def drain(bench: Bench, namespace: str, pods: PodCounts) -> None:
 def memhook(bench: Bench, rep: int) -> dict[str, str]:
     """The environment that makes the operator trace its memory (``--tracemalloc``)."""
     if bench.tracemalloc is None:
-        return {}
+        return dict(bench.operator_env)
     bench.tracemalloc.mkdir(parents=True, exist_ok=True)
     return {
+        **bench.operator_env,
         "PYTHONPATH": str(Path(__file__).resolve().parent / "memhook"),
         "TPU_BENCH_TRACEMALLOC": str(bench.tracemalloc / f"load-{rep}.txt"),
     }
@@ -464,7 +467,15 @@ def main() -> None:
         type=Path,
         help="the operator traces its memory and writes what holds it to this directory",
     )
+    parser.add_argument(
+        "--operator-env",
+        nargs="*",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment of the operator, e.g. MALLOC_ARENA_MAX=2",
+    )
     args = parser.parse_args()
+    operator_env = dict(item.split("=", 1) for item in args.operator_env)
     plans = plan(args.jobs)
     pools = pools_for(plans)
     nodes = sum(p.vms for p in pools)
@@ -478,7 +489,15 @@ def main() -> None:
         timeout=TIMEOUT,
         component_args=harness.SCALE_ARGS,  # nodes schedulable at once, as scale.py's
     ) as cluster:
-        bench = Bench(cluster, None, plans, args.steady, args.profile, args.tracemalloc)  # type: ignore[arg-type]
+        bench = Bench(
+            cluster,
+            None,  # type: ignore[arg-type]
+            plans,
+            args.steady,
+            args.profile,
+            args.tracemalloc,
+            operator_env,
+        )
         asyncio.run(drive(bench, args.reps))
     results = figures(bench.trials, total)
     report(results, len(plans), total)

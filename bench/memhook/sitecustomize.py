@@ -3,7 +3,8 @@
 ``bench/load.py --tracemalloc FILE`` puts this directory on the operator's ``PYTHONPATH``,
 so Python imports it before anything else. With ``TPU_BENCH_TRACEMALLOC=FILE`` set, it
 traces every allocation and rewrites FILE every ``TPU_BENCH_TRACEMALLOC_PERIOD`` seconds
-(default 20) with the live memory by line and by call stack: what holds the operator's
+(default 20) with the live memory by line (and by call stack with
+``TPU_BENCH_TRACEMALLOC_FRAMES`` > 1): what holds the operator's
 memory at that moment, by the code that allocated it. Tracing costs CPU and about a third
 more memory; use it to find where memory goes, never for the figures themselves.
 """
@@ -17,7 +18,16 @@ import tracemalloc
 from pathlib import Path
 
 _OUT = os.environ.get("TPU_BENCH_TRACEMALLOC")
-_FRAMES = 12
+_FRAMES = int(os.environ.get("TPU_BENCH_TRACEMALLOC_FRAMES", "1"))
+"""Frames kept per allocation. Grouping by call stack is pure Python and takes minutes at
+12 frames with a few million live blocks (the operator stalls meanwhile): 1 by default."""
+
+
+def _status(field: str) -> str:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return line.split(":", 1)[1].strip()
+    return "?"
 
 
 def _report(path: str) -> None:
@@ -31,16 +41,17 @@ def _report(path: str) -> None:
     current, peak = tracemalloc.get_traced_memory()
     lines = [
         f"{time.strftime('%H:%M:%S')} traced now {current / 2**20:.1f} MiB, "
-        f"peak {peak / 2**20:.1f} MiB",
+        f"peak {peak / 2**20:.1f} MiB; RSS {_status('VmRSS')}, peak {_status('VmHWM')}",
         "",
         "## by line (top 40)",
     ]
     for stat in snapshot.statistics("lineno")[:40]:
         lines.append(f"{stat.size / 2**20:8.2f} MiB {stat.count:9d} blocks  {stat.traceback[0]}")
-    lines += ["", "## by call stack (top 15, innermost last)"]
-    for stat in snapshot.statistics("traceback")[:15]:
-        lines.append(f"{stat.size / 2**20:8.2f} MiB {stat.count:9d} blocks")
-        lines += [f"    {frame}" for frame in stat.traceback]
+    if _FRAMES > 1:
+        lines += ["", "## by call stack (top 15, innermost last)"]
+        for stat in snapshot.statistics("traceback")[:15]:
+            lines.append(f"{stat.size / 2**20:8.2f} MiB {stat.count:9d} blocks")
+            lines += [f"    {frame}" for frame in stat.traceback]
     partial = Path(path + ".tmp")
     partial.write_text("\n".join(lines) + "\n")
     partial.replace(path)

@@ -271,6 +271,7 @@ def run(config: OperatorConfig) -> int:
     if config.kueue:
         watch_workloads()
     collector.tune(config.gc_threshold)
+    collector.limit_arenas()
     kwargs: dict[str, Any] = {
         "standalone": True,
         "settings": operator_settings(),

@@ -30,6 +30,7 @@ from tpu_operator.reconcile.jobs import JobReconciler
 from tpu_operator.reconcile.pacing import reconcile_spacing
 from tpu_operator.reconcile.slices import SliceReconciler
 from tpu_operator.reconcile.supervisors import Supervisors
+from tpu_operator.runtime import collector
 from tpu_operator.runtime.audit import CacheAudit, wake_pod
 from tpu_operator.runtime.caches import Caches, Index
 from tpu_operator.runtime.collector import DEFAULT_THRESHOLD
@@ -215,6 +216,7 @@ class Runtime:
             time.monotonic() - started,
         )
         self.own_listed.set()
+        collector.trim()  # the pages are decoded and gone: hand their memory back
         self.node_watch.start()
         self.pod_watch.start()
 
@@ -379,3 +381,4 @@ class Runtime:
         while True:
             await asyncio.sleep(self.config.resync_seconds)
             self.caches.tombstones.prune()
+            collector.trim()

@@ -1,4 +1,4 @@
-"""Garbage-collector settings for the operator process.
+"""Garbage-collector and allocator settings for the operator process.
 
 The operator keeps large caches (a view of every worker pod and TPU node) and decodes a
 steady stream of watch events, each a tree of hundreds of dicts and lists. CPython's
@@ -12,14 +12,31 @@ CPU. Raising the first threshold makes the passes rare; freezing what exists at 
 Reference counting still frees every object without cycles at once; only cyclic garbage
 (exception tracebacks, some asyncio futures) waits longer, a bounded amount: one pass per
 ``threshold`` allocations.
+
+The C allocator (glibc's malloc, as in the operator image) keeps what it freed for reuse.
+Two things make that memory the operator's resident size for good unless it is handed
+back: every thread that allocates gets an arena of its own (up to 8 per core), and the
+API client decodes responses in a pool of threads; and a list of thousands of pods or
+nodes is decoded page by page into trees of objects that are freed a moment later. So the
+arenas are limited to ``ARENAS`` and, after each complete listing and every housekeeping
+round, ``trim`` returns the free pages (``malloc_trim``). Measured with 200 TPUJobs (2,048
+pods and nodes, ``bench/load.py``): bench/README.md, "Load". Elsewhere than glibc both are
+no-ops.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import logging
 
 log = logging.getLogger(__name__)
+ARENAS = 2
+"""malloc arenas (glibc's default: 8 per core); the event loop and its API threads take
+turns holding the GIL, so more arenas buy no speed here, only unreturned memory."""
+_M_ARENA_MAX = -8
+"""glibc's mallopt parameter number for the arena limit (malloc.h)."""
 DEFAULT_THRESHOLD = 50_000
 """Net container allocations between two young-generation passes (CPython's: 700)."""
 
@@ -38,3 +55,28 @@ def tune(threshold: int) -> None:
         gc.get_threshold(),
         gc.get_freeze_count(),
     )
+
+
+def _libc() -> ctypes.CDLL | None:
+    """glibc, if this process runs on it (mallopt and malloc_trim are glibc's)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+
+
+_LIBC = _libc()
+
+
+def limit_arenas(arenas: int = ARENAS) -> None:
+    """Cap glibc's malloc arenas (for threads started from now on)."""
+    if _LIBC is not None and not _LIBC.mallopt(_M_ARENA_MAX, arenas):
+        log.debug("mallopt(M_ARENA_MAX, %d) was refused", arenas)
+
+
+def trim() -> None:
+    """Return the allocator's free pages to the system (after a large listing)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
