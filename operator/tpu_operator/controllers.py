@@ -62,10 +62,20 @@ def _key(namespace: str | None, name: str) -> tuple[str, str]:
     return cast(str, namespace), name
 
 
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+"""``kubectl apply``'s copy of the whole manifest, as one JSON string: the pod template
+again, for every job applied that way. Nothing in the operator reads it."""
+
+
 def _snapshot(body: kopf.Body) -> dict[str, Any]:
-    """A plain copy of a TPUJob or TPUSlice (the reconcilers read spec, status, metadata)."""
-    raw = copy.deepcopy(dict(body))
-    raw.get("metadata", {}).pop("managedFields", None)
+    """A plain copy of a TPUJob or TPUSlice (the reconcilers read spec, status, metadata),
+    without what only makes a cached body larger: managed fields and kubectl's copy."""
+    raw = copy.deepcopy({k: v for k, v in body.items() if k != "metadata"})
+    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+    annotations = meta.get("annotations")
+    if annotations and LAST_APPLIED in annotations:
+        meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    raw["metadata"] = copy.deepcopy(meta)
     return raw
 
 
