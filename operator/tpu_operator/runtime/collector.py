@@ -27,7 +27,6 @@ no-ops.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import logging
 
@@ -58,10 +57,10 @@ def tune(threshold: int) -> None:
 
 
 def _libc() -> ctypes.CDLL | None:
-    """glibc, if this process runs on it (mallopt and malloc_trim are glibc's)."""
-    name = ctypes.util.find_library("c")
+    """glibc, if this process runs on it (mallopt and malloc_trim are glibc's). The
+    process's own symbols include its C library's, so nothing is searched for on disk."""
     try:
-        libc = ctypes.CDLL(name)
+        libc = ctypes.CDLL(None)
     except OSError:
         return None
     return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
