@@ -64,7 +64,7 @@ class PodWiring:
 
     def process_addresses(self) -> list[str]:
         """``host:port`` of this slice's workers for TPU_PROCESS_ADDRESSES, by worker id."""
-        return [f"{host}:{self.ports.tpu_process}" for host in self.hostnames()]
+        return self.process_addresses_value().split(",")
 
     def hostnames_value(self) -> str:
         """TPU_WORKER_HOSTNAMES: every worker's DNS name, comma-separated."""

@@ -44,9 +44,9 @@ from tpu_operator.state.views import NodeView, PodView
 
 log = logging.getLogger(__name__)
 LISTED_POLL_SECONDS = 1.0
+"""How often start-up asks whether any TPUJob or TPUSlice exists (``_all_listed``)."""
 HALT_SECONDS = 5.0
 """How long a deposed leader waits for its reconciles and queues to stop before exiting."""
-"""How often start-up asks whether any TPUJob or TPUSlice exists (``_all_listed``)."""
 
 
 @dataclass
