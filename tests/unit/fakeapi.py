@@ -140,13 +140,13 @@ class FakeCluster:
         self.slices = SliceReconciler(self.ctx)
 
     # Kube
-    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    async def create(self, path: str, body: Mapping[str, Any]) -> bool:
         obj = copy.deepcopy(dict(body))
         meta = obj.setdefault("metadata", {})
         key = f"{path}/{meta['name']}"
         if key in self.objects:
             self.requests.append(Request("POST", path, 409))
-            return None
+            return False
         meta.update(
             uid=f"uid-{next(self._uid)}",
             resourceVersion=str(next(self._rv)),
@@ -157,7 +157,7 @@ class FakeCluster:
             obj.setdefault("status", {"phase": "Pending"})
         self.objects[key] = obj
         self.requests.append(Request("POST", path, 201))
-        return copy.deepcopy(obj)
+        return True
 
     async def get(self, path: str) -> dict[str, Any] | None:
         self.requests.append(Request("GET", path, 200 if path in self.objects else 404))

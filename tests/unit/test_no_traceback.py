@@ -326,7 +326,7 @@ class RefusingCluster(FakeCluster):
         super().__init__()
         self.refusal: ApiError | None = None
 
-    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    async def create(self, path: str, body: Mapping[str, Any]) -> bool:
         if self.refusal is not None and path.endswith("/pods"):
             raise self.refusal
         return await super().create(path, body)

@@ -116,7 +116,7 @@ class Context:
         if key in self.services or key in self.service_conflicts:
             return  # known (both are forgotten at every resync and looked at again)
         path = namespaced(namespace, "services")
-        if await self.kube.create(path, body) is None:  # it exists already
+        if not await self.kube.create(path, body):  # it exists already
             current = await self.kube.get(namespaced(namespace, "services", meta["name"]))
             owner = _owner((current or {}).get("metadata") or {})
             if owner and owner.get("uid") != key[2]:

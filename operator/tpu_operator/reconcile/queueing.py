@@ -282,7 +282,7 @@ class Queueing:
             else:
                 priority = Priority(class_name, int(found.get("value") or 0))
         body = self.desired(priority)
-        if await self.ctx.kube.create(workload_path(self.namespace), body) is not None:
+        if await self.ctx.kube.create(workload_path(self.namespace), body):
             spec = body["spec"]
             self.ctx.events.emit(
                 job_ref(self.body),

@@ -395,7 +395,7 @@ class SliceRun:
                 log.warning("cannot build pod %s from spec.template: %r", member.name, exc)
                 raise TemplateBuildError(repr(exc)) from None
             started = time.monotonic()
-            if await self.ctx.kube.create(path, pod) is not None:
+            if await self.ctx.kube.create(path, pod):
                 self.ctx.metrics.pod_created(time.monotonic() - started)
             self.ctx.created_pods.created((self.namespace, self.name), member.name, target)
 

@@ -4,7 +4,9 @@ The official client is synchronous, so each request runs in a dedicated thread p
 the event loop never blocks. Requests go through the client's own serialization, auth
 and TLS (``ApiClient.param_serialize`` / ``call_api``) but skip model deserialization:
 responses are parsed as plain JSON (in the worker thread), which is what the operator's
-builders and views work with anyway. A semaphore bounds concurrent requests to the pool
+builders and views work with anyway, and only when the caller reads them: a created or
+deleted pod comes back whole, its peer lists included (40 KB at 1,024 hosts), and nothing
+reads it. A semaphore bounds concurrent requests to the pool
 size, and the urllib3 connection pool is sized to match so no request waits for a socket.
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
+import orjson
 from kubernetes.client import ApiClient, Configuration
 
 log = logging.getLogger(__name__)
@@ -31,6 +34,24 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 """Accept header of a list that returns only each object's metadata."""
+
+Loads = Callable[[bytes], Any]
+"""How a successful response's body is decoded."""
+
+
+def unread(raw: bytes) -> None:
+    """``Loads`` for a request whose answer the caller does not read (its status is
+    enough): the body is not decoded at all."""
+
+
+def loads_core(raw: bytes) -> Any:
+    """Decode a core-API object or list (pods, nodes) with orjson, 2-2.5x faster than
+    ``json`` on a worker pod; pod events and lists are the operator's most decoded JSON.
+
+    Only for kinds whose schema bounds every number to 64 bits: orjson reads a larger
+    integer as a float where ``json`` keeps it exact, and a custom resource's free-form
+    template may hold one, so everything else is decoded with ``json``."""
+    return orjson.loads(raw)
 
 
 class ApiError(Exception):
@@ -157,6 +178,7 @@ class Kube:
         body: Any,
         content_type: str | None,
         accept: str = "application/json",
+        loads: Loads = json.loads,
     ) -> tuple[int, Any]:
         headers = {"Accept": accept}
         if body is not None:
@@ -177,7 +199,10 @@ class Kube:
             _request_timeout=self._timeout,
         )
         raw = response.read()
-        return response.status, json.loads(raw) if raw else None
+        if not raw:
+            return response.status, None
+        # A failure's Status is always read (its reason and message make the ApiError).
+        return response.status, (loads if response.status < 400 else json.loads)(raw)
 
     async def request(
         self,
@@ -188,14 +213,23 @@ class Kube:
         query: Mapping[str, str] | None = None,
         content_type: str | None = None,
         accept: str = "application/json",
+        loads: Loads = json.loads,
     ) -> Any:
-        """Send one request; return the decoded JSON body or raise ApiError."""
+        """Send one request; return its body decoded by ``loads``, or raise ApiError."""
         loop = asyncio.get_running_loop()
         async with self._slots:
             started = time.monotonic()
             try:
                 status, data = await loop.run_in_executor(
-                    self._executor, self._call, verb, path, query, body, content_type, accept
+                    self._executor,
+                    self._call,
+                    verb,
+                    path,
+                    query,
+                    body,
+                    content_type,
+                    accept,
+                    loads,
                 )
             except kubernetes.client.ApiException as exc:
                 status, data = exc.status or 0, decode(exc.body)
@@ -211,14 +245,16 @@ class Kube:
         if self._observer is not None:
             self._observer(RequestRecord(verb, status, time.monotonic() - started))
 
-    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Create; None when an object of that name exists already (409)."""
+    async def create(self, path: str, body: Mapping[str, Any]) -> bool:
+        """Create; False when an object of that name exists already (409). The created
+        object is not decoded: the watch brings it."""
         try:
-            return await self.request("POST", path, body=body)
+            await self.request("POST", path, body=body, loads=unread)
         except ApiError as exc:
             if exc.conflict:
-                return None
+                return False
             raise
+        return True
 
     async def get(self, path: str) -> dict[str, Any] | None:
         """Get; None when it does not exist."""
@@ -249,7 +285,7 @@ class Kube:
         if propagation:
             options["propagationPolicy"] = propagation
         try:
-            await self.request("DELETE", path, body=options)
+            await self.request("DELETE", path, body=options, loads=unread)
         except ApiError as exc:
             if exc.not_found or (uid and exc.conflict):
                 return False

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import ssl
@@ -45,7 +44,7 @@ from kubernetes.client import Configuration
 from tpu_operator import contract
 from tpu_operator.runtime.audit import stale
 from tpu_operator.runtime.caches import Identity, identity_of
-from tpu_operator.runtime.kube import ApiError, Kube, decode, status_error
+from tpu_operator.runtime.kube import ApiError, Kube, decode, loads_core, status_error
 from tpu_operator.state.views import NodeView, PodView, node_view, pod_view
 
 log = logging.getLogger(__name__)
@@ -281,7 +280,12 @@ class ListWatch:
         listed: set[str] = set()  # UIDs
         version = ""
         while True:
-            page = await self.kube.request("GET", self.kind.path(namespace), query=query) or {}
+            page = (
+                await self.kube.request(
+                    "GET", self.kind.path(namespace), query=query, loads=loads_core
+                )
+                or {}
+            )
             for item in page.get("items") or []:
                 ident, view, changed = self._put(item)
                 if view is None:
@@ -414,7 +418,7 @@ class ListWatch:
 
     def _apply(self, line: bytes, version: str) -> str:
         """Apply one watch event; return the resourceVersion to resume from."""
-        event = json.loads(line)
+        event = loads_core(line)
         kind = event.get("type")
         body = event.get("object") or {}
         if kind == "ERROR":
