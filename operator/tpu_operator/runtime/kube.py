@@ -4,10 +4,11 @@ The official client is synchronous, so each request runs in a dedicated thread p
 the event loop never blocks. Requests go through the client's own serialization, auth
 and TLS (``ApiClient.param_serialize`` / ``call_api``) but skip model deserialization:
 responses are parsed as plain JSON (in the worker thread), which is what the operator's
-builders and views work with anyway, and only when the caller reads them: a created or
-deleted pod comes back whole, its peer lists included (40 KB at 1,024 hosts), and nothing
-reads it. A semaphore bounds concurrent requests to the pool
-size, and the urllib3 connection pool is sized to match so no request waits for a socket.
+builders and views work with anyway, and only when the caller reads them: a created,
+patched or deleted object comes back whole (a worker pod with its peer lists, 40 KB at
+1,024 hosts), and the operator reads such objects from its watches instead. A semaphore
+bounds concurrent requests to the pool size, and the urllib3 connection pool is sized to
+match so no request waits for a socket.
 """
 
 from __future__ import annotations
@@ -265,8 +266,9 @@ class Kube:
                 return None
             raise
 
-    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        return await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> None:
+        """Merge-patch; the patched object is not decoded (the watch brings it)."""
+        await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH, loads=unread)
 
     async def delete(
         self,
