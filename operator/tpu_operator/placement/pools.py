@@ -191,19 +191,22 @@ def allocate(
 ) -> Allocation:
     """Pick a distinct free pool for every request, or explain why not.
 
-    ``held`` maps pool name -> holder (``namespace/job``) for pools already taken.
-    Pinned pools are taken as given: a pinned pool may not exist yet (the cluster
+    ``held`` maps pool name -> holder (``namespace/job``) for pools already taken; it is
+    only looked up pool by pool (``get``), never enumerated, so a holder may compute it
+    lazily. Pinned pools are taken as given: a pinned pool may not exist yet (the cluster
     autoscaler creates its nodes for the pending pods), but it must not be held, and a
     pinned pool whose nodes are of another shape or machine type is refused. A request
     that may provision gets a claim reference when no free pool fits.
     """
     chosen: list[str] = []
     provisioning: list[int] = []
-    taken = set(held)
+    taken: set[str] = set()  # by earlier requests of this allocation
     for index, request in enumerate(requests):
         if request.pinned:
-            if request.pinned in taken:
-                holder = held.get(request.pinned, "another slice of this job")
+            holder = held.get(request.pinned) or (
+                "another slice of this job" if request.pinned in taken else None
+            )
+            if holder:
                 return Allocation(
                     None, f"slice {index}: pinned node pool {request.pinned} is held by {holder}"
                 )

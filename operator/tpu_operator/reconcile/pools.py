@@ -25,7 +25,7 @@ job and a standalone slice of the same name never share a pool.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from tpu_operator import catalog, contract
@@ -86,48 +86,92 @@ def stopping_count(pods: Iterable[PodView]) -> tuple[int, int]:
     return active, terminating
 
 
-def held_pools(
-    ctx: Context, exclude: str = "", pools: dict[str, PoolView] | None = None
-) -> dict[str, str]:
-    """Node pools held by anyone but ``exclude``: pool -> who holds it, in words
-    (``pools``: the TPU pools, when the caller has them already)."""
-    caches = ctx.caches
-    held: dict[str, str] = {}
-    for pool in caches.pinned_pools():
-        on_pool = [p for p in caches.pods_in_pool(pool) if not p.terminal]
+class HeldPools(Mapping[str, str]):
+    """Node pools held by anyone but ``exclude``: pool -> who holds it, in words.
+
+    Looked up pool by pool, as ``placement.pools.allocate`` does: the pods on a pool are
+    counted when a pool is asked about (once per lookup object), not for every pool of the
+    cluster on every allocation. That made each allocation walk every worker pod, and a
+    burst of N jobs choosing pools cost N times the cluster's pods. The holders' own
+    records (rule 2) and reservations (rule 3) are read once, in the constructor.
+
+    The rules' order decides which holder is named: the pods on a pool, then the records
+    and reservations naming it, then (for a pool GKE created for a claim) the claim's
+    holder, found by the same rules.
+    """
+
+    def __init__(self, ctx: Context, exclude: str, pools: dict[str, PoolView]) -> None:
+        self._caches = ctx.caches
+        self._exclude = exclude
+        self._claims = {p.name: p.slice_pool for p in pools.values() if p.slice_pool}
+        """Pool -> the slice-pool value GKE created it for."""
+        self._records: dict[str, str] = {}
+        caches = ctx.caches
+        for job in caches.jobs():
+            status = job.get("status") or {}
+            meta = job["metadata"]
+            holder = job_holder(meta["namespace"], meta["name"])
+            phase = status.get("phase")
+            if holder == exclude or phase in TERMINAL_PHASES or phase == Phase.SUSPENDED:
+                continue
+            for pool in status.get("nodePools") or []:
+                self._records.setdefault(pool, holder)
+        for body in caches.all_slices():
+            meta = body["metadata"]
+            holder = slice_holder(meta["namespace"], meta["name"])
+            status = body.get("status") or {}
+            if holder == exclude or slice_job_name(body) is not None:
+                continue
+            if status.get("nodePool") and status.get("phase") not in TERMINAL_PHASES:
+                self._records.setdefault(status["nodePool"], holder)
+        for pool, holder in ctx.reservations.by_pool.items():
+            if holder != exclude:
+                self._records.setdefault(pool, holder)
+        self._found: dict[str, str | None] = {}
+
+    def _direct(self, pool: str) -> str | None:
+        """Rules 1-3 for ``pool`` itself (a pool name or a claim reference)."""
+        on_pool = [p for p in self._caches.pods_in_pool(pool) if not p.terminal]
         by_holder = Counter(pod_holder(p) for p in on_pool)
-        by_holder.pop(exclude, None)
+        by_holder.pop(self._exclude, None)
         if by_holder:
             holder, count = by_holder.most_common(1)[0]
             stopping = sum(1 for p in on_pool if p.deleting and pod_holder(p) == holder)
-            held[pool] = f"{holder} ({count} of its pods are on it, {stopping} terminating)"
-    for job in caches.jobs():
-        status = job.get("status") or {}
-        meta = job["metadata"]
-        holder = job_holder(meta["namespace"], meta["name"])
-        phase = status.get("phase")
-        if holder == exclude or phase in TERMINAL_PHASES or phase == Phase.SUSPENDED:
-            continue
-        for pool in status.get("nodePools") or []:
-            held.setdefault(pool, holder)
-    for body in caches.all_slices():
-        meta = body["metadata"]
-        holder = slice_holder(meta["namespace"], meta["name"])
-        status = body.get("status") or {}
-        if holder == exclude or slice_job_name(body) is not None:
-            continue
-        if status.get("nodePool") and status.get("phase") not in TERMINAL_PHASES:
-            held.setdefault(status["nodePool"], holder)
-    for pool, holder in ctx.reservations.by_pool.items():
-        if holder != exclude:
-            held.setdefault(pool, holder)
-    pools = tpu_pools(ctx) if pools is None else pools
-    by_claim = {p.slice_pool: p.name for p in pools.values() if p.slice_pool}
-    for ref, holder in list(held.items()):
-        value = claim_of(ref)
-        if value in by_claim:
-            held.setdefault(by_claim[value], holder)
-    return held
+            return f"{holder} ({count} of its pods are on it, {stopping} terminating)"
+        return self._records.get(pool)
+
+    def get(self, pool: str, default: Any = None) -> Any:
+        if pool not in self._found:
+            holder = self._direct(pool)
+            claim = self._claims.get(pool)
+            if holder is None and claim is not None:
+                holder = self._direct(claim_ref(claim))  # a claim and its pool are one
+            self._found[pool] = holder
+        found = self._found[pool]
+        return default if found is None else found
+
+    def __getitem__(self, pool: str) -> str:
+        found = self.get(pool)
+        if found is None:
+            raise KeyError(pool)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        """Every held pool (walks every pinned pool: for status and tests, not for
+        allocations)."""
+        names = {*self._caches.pinned_pools(), *self._records, *self._claims}
+        return iter(sorted(n for n in names if self.get(n) is not None))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def held_pools(
+    ctx: Context, exclude: str = "", pools: dict[str, PoolView] | None = None
+) -> HeldPools:
+    """Node pools held by anyone but ``exclude`` (``pools``: the TPU pools, when the caller
+    has them already); see ``HeldPools``."""
+    return HeldPools(ctx, exclude, tpu_pools(ctx) if pools is None else pools)
 
 
 def tpu_pools(ctx: Context) -> dict[str, PoolView]:

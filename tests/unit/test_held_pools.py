@@ -1,0 +1,117 @@
+"""Who holds which node pool (``reconcile/pools.HeldPools``), looked up pool by pool.
+
+Scenarios over the in-memory API: the holder each rule names, their order, the pool GKE
+created for a claim, and that a lookup reads only the pods of the pools asked about.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.unit.fakeapi import FakeCluster
+from tpu_operator import catalog
+from tpu_operator.api.status import Phase
+from tpu_operator.placement.pools import Request, allocate
+from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_ref
+from tpu_operator.reconcile.pools import HeldPools, held_pools, tpu_pools
+
+pytestmark = pytest.mark.unit
+
+V5P = ("tpu-v5p-slice", "2x2x2")  # v5p-16: 2 hosts of 4 chips
+
+
+def job_spec(**extra: Any) -> dict[str, Any]:
+    return {
+        "slice": {"type": "v5p-16"},
+        "template": {"spec": {"containers": [{"name": "worker", "image": "w"}]}},
+        **extra,
+    }
+
+
+def cluster_with_pools(*pools: str) -> FakeCluster:
+    cluster = FakeCluster()
+    for pool in pools:
+        cluster.add_pool(pool, *V5P, hosts=2)
+    return cluster
+
+
+def held(cluster: FakeCluster, exclude: str = "") -> HeldPools:
+    cluster._index()  # the caches as the watches would have them now
+    return held_pools(cluster.ctx, exclude=exclude)
+
+
+@pytest.mark.parametrize(
+    ("stage", "expected"),
+    [
+        # The job's record holds the pool before its pods exist ...
+        ("recorded", "TPUJob ml/a"),
+        # ... its pods hold it while they exist, whatever the record says ...
+        ("running", "TPUJob ml/a (2 of its pods are on it, 0 terminating)"),
+        ("suspending", "TPUJob ml/a (2 of its pods are on it, 2 terminating)"),
+        # ... and once they are gone, a suspended job holds nothing.
+        ("suspended", None),
+    ],
+)
+def test_the_holder_named_at_each_stage_of_a_jobs_life(stage: str, expected: str | None):
+    cluster = cluster_with_pools("p1", "p2")
+    cluster.apply_job("a", job_spec())
+    cluster.reconcile_job("a")  # records the pool; its slices create no pods yet
+    if stage != "recorded":
+        cluster.settle()
+        cluster.run_pods("a")
+        cluster.settle()
+    if stage in ("suspending", "suspended"):
+        cluster.edit_job("a", {"suspend": True})
+        cluster.settle()
+    if stage == "suspended":
+        cluster.confirm_deletions()
+        cluster.settle()
+        assert cluster.job("a")["status"]["phase"] == Phase.SUSPENDED
+    found = held(cluster)
+    assert found.get("p1") == expected
+    assert found.get("p2") is None
+    assert held(cluster, exclude="TPUJob ml/a").get("p1") is None, "its own pools are free"
+    assert list(found) == (["p1"] if expected else [])
+
+
+def test_a_reservation_holds_a_pool_before_any_record():
+    cluster = cluster_with_pools("p1")
+    cluster.ctx.reservations.reserve("TPUJob ml/b", ["p1"])
+    assert held(cluster).get("p1") == "TPUJob ml/b"
+    assert held(cluster, exclude="TPUJob ml/b").get("p1") is None
+
+
+def test_a_pool_gke_created_for_a_claim_is_held_by_the_claims_holder():
+    cluster = cluster_with_pools()
+    names = cluster.add_pool("gke-made", *V5P, hosts=2)
+    for name in names:
+        cluster.objects[f"/api/v1/nodes/{name}"]["metadata"]["labels"][SLICE_POOL_LABEL] = "v1"
+    cluster.ctx.reservations.reserve("TPUJob ml/a", [claim_ref("v1")])
+    found = held(cluster)
+    assert found.get(claim_ref("v1")) == "TPUJob ml/a"
+    assert found.get("gke-made") == "TPUJob ml/a", "a claim and its pool are one pool"
+    assert set(found) == {"gke-made", claim_ref("v1")}
+
+
+def test_an_allocation_reads_the_pods_of_the_pools_it_looks_at_only():
+    cluster = cluster_with_pools(*(f"p{i}" for i in range(6)))
+    for name in ("a", "b", "c"):
+        cluster.apply_job(name, job_spec())
+        cluster.settle()
+        cluster.run_pods(name)
+        cluster.settle()
+    assert [cluster.job(n)["status"]["nodePools"] for n in "abc"] == [["p0"], ["p1"], ["p2"]]
+    asked: list[str] = []
+    pods_in_pool = cluster.caches.pods_in_pool
+
+    def counted(pool: str) -> Any:
+        asked.append(pool)
+        return pods_in_pool(pool)
+
+    cluster.caches.pods_in_pool = counted  # type: ignore[method-assign]
+    found = held(cluster, exclude="TPUJob ml/d")
+    allocation = allocate([Request(catalog.shape(*V5P))], tpu_pools(cluster.ctx), found)
+    assert allocation.pools == ["p3"]
+    assert asked == ["p0", "p1", "p2", "p3"], "p4 and p5 were never looked at"
