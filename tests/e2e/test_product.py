@@ -204,6 +204,8 @@ CAN = [
     ("deletecollection", "pods", "-n=default"),
     ("create", "secrets", "-n=default"),
     ("create", "services", "-n=default"),
+    ("get", "services", "-n=default"),
+    ("list", "services", "--all-namespaces"),
     ("create", "events", "-n=default"),
     ("watch", "nodes", ""),
     ("get", f"leases.coordination.k8s.io/{RELEASE}", f"-n={RELEASE_NAMESPACE}"),

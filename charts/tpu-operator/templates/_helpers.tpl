@@ -52,9 +52,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, patch, delete, deletecollection]
+# Headless Services: listed at start and every resync (which exist), read when a create
+# finds one of that name (whose it is).
 - apiGroups: [""]
   resources: [services]
-  verbs: [create]
+  verbs: [get, list, create]
 {{- if .Values.inPlaceRestarts.enabled }}
 # In-place restarts: one Secret per TPUJob with its control-channel key, created and
 # never read back (the key is derived from the operator's master key and the job's UID).

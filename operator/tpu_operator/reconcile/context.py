@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -114,7 +114,7 @@ class Context:
         meta = body["metadata"]
         key = (namespace, meta["name"], _owner_uid(meta))
         if key in self.services or key in self.service_conflicts:
-            return  # known (both are forgotten at every resync and looked at again)
+            return  # known (both are replaced at every resync: ``known_services``)
         path = namespaced(namespace, "services")
         if not await self.kube.create(path, body):  # it exists already
             current = await self.kube.get(namespaced(namespace, "services", meta["name"]))
@@ -127,6 +127,16 @@ class Context:
                 )
                 return
         self.services.add(key)
+
+    def known_services(self, listed: Iterable[dict[str, Any]]) -> None:
+        """Replace what is known of the operator's Services with a fresh listing (their
+        metadata): those listed exist as their owners want them; one deleted since is
+        created again at its owner's next reconcile, and conflicts are looked at again.
+
+        Without it, every owner's next reconcile after a restart or a resync would POST
+        its Service (409) and GET it: two requests per job every resync period."""
+        self.services = {(m.get("namespace", ""), m.get("name", ""), _owner_uid(m)) for m in listed}
+        self.service_conflicts.clear()
 
     def service_conflict(self, namespace: str, name: str, owner_uid: str) -> str:
         """Why the Service ``name`` that ``owner_uid`` wants belongs to another object."""

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tpu_operator import contract
 from tpu_operator.api.status import Phase
 from tpu_operator.metrics import OperatorMetrics
 from tpu_operator.progress.sampler import ProgressSampler
@@ -36,7 +37,13 @@ from tpu_operator.runtime.caches import Caches, Index
 from tpu_operator.runtime.collector import DEFAULT_THRESHOLD
 from tpu_operator.runtime.control import ControlChannel, load_master_key
 from tpu_operator.runtime.events import EventRecorder
-from tpu_operator.runtime.kube import ApiError, Kube, RequestRecord, load_configuration
+from tpu_operator.runtime.kube import (
+    ApiError,
+    Kube,
+    RequestRecord,
+    load_configuration,
+    namespaced,
+)
 from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
 from tpu_operator.runtime.listwatch import NODES, PODS, Kind, ListWatch, OnEvent, Store
 from tpu_operator.runtime.workqueue import WorkQueue
@@ -269,7 +276,7 @@ class Runtime:
         self.jobs.start()
         self.slices.start()
         self._resync_task = asyncio.create_task(self._resync(), name="resync")
-        self.enqueue_all()
+        self.enqueue_all()  # not after the Services' listing: a failover must not wait
 
     async def lead(self, elector: LeaderElector, on_lost: Callable[[str], None]) -> None:
         """As a candidate: act from when this replica holds the Lease and the caches are
@@ -369,12 +376,34 @@ class Runtime:
         return {"TPUJob": len(self.jobs), "TPUSlice": len(self.slices)}
 
     async def _resync(self) -> None:
-        """Periodically look at everything again: a safety net for missed events."""
+        """Periodically look at everything again: a safety net for missed events. The
+        operator's Services are listed first thing (when it starts to act) and at every
+        resync, rather than created again by every owner to learn that they exist."""
+        await self._list_services()
         while True:
             await asyncio.sleep(self.config.resync_seconds)
+            await self._list_services()
+            self.enqueue_all()
+
+    async def _list_services(self) -> None:
+        """Refresh ``Context.services`` from one paged metadata list per namespace."""
+        selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY_VALUE}"
+        listed: list[dict[str, Any]] = []
+        try:
+            scopes: list[str | None] = [*self.config.namespaces] or [None]
+            for namespace in scopes:
+                path = namespaced(namespace, "services") if namespace else "/api/v1/services"
+                listed += await self.kube.list_metadata(path, label_selector=selector)
+        except ApiError as exc:
+            log.warning(
+                "listing the operator's Services failed (%s); each is looked at again at "
+                "its owner's next reconcile",
+                exc,
+            )
             self.context.services.clear()
             self.context.service_conflicts.clear()
-            self.enqueue_all()
+            return
+        self.context.known_services(listed)
 
     async def _housekeeping(self) -> None:
         """Forget old tombstones (a standby records them too, for when it leads)."""
