@@ -467,6 +467,11 @@ def test_every_example_is_accepted_placed_and_wired(cluster, release, namespace,
 def test_helm_upgrade_rolls_the_operator_and_keeps_reconciling(
     cluster, helm: ReleaseHelm, release, release_values, namespace, tpu: Api
 ):
+    # A job that runs across the upgrade: its Service, Secret and pods exist before the
+    # new operator pods start, so they must take it over with the chart's RBAC as it is
+    # (learn of its Service by listing, not by creating it again and reading it back).
+    tpu.apply(job_manifest("across", namespace, {"type": "v5litepod-4"}, "sleep 600"))
+    tpu.wait_phase(namespace, "across", "Running", timeout=120)
     before = {p["metadata"]["uid"] for p in operator_pods(cluster)}
     upgraded = {**release_values, "operator": {**release_values["operator"], "apiConcurrency": 16}}
     helm(
@@ -499,3 +504,21 @@ def test_helm_upgrade_rolls_the_operator_and_keeps_reconciling(
     )
     tpu.apply(job_manifest("after-upgrade", namespace, {"type": "v5litepod-4"}, "true"))
     tpu.wait_phase(namespace, "after-upgrade", "Succeeded", timeout=120)
+
+    # The job from before the upgrade: a worker fails and the new leader restarts its gang.
+    cluster.agent.kill_pod(namespace, "across-0-0", exit_code=1)
+    wait_until(
+        lambda: (
+            (s := tpu.status(namespace, "across")).get("attempt") == 2
+            and s.get("phase") == "Running"
+        ),
+        timeout=120,
+        message=lambda: (
+            f"TPUJob across Running in attempt 2; status {tpu.status(namespace, 'across')}"
+        ),
+    )
+    # Nothing the upgraded operators asked of the apiserver was forbidden.
+    for pod in pods:
+        log = cluster.pod_log(RELEASE_NAMESPACE, pod["metadata"]["name"], "operator").read_text()
+        refused = [line for line in log.splitlines() if "forbidden" in line.lower()]
+        assert not refused, f"{pod['metadata']['name']}: {refused[:3]}"
