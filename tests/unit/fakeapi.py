@@ -30,10 +30,10 @@ from tpu_operator.reconcile.expectations import CreatedPods, DeletedPods
 from tpu_operator.reconcile.jobs import JobReconciler
 from tpu_operator.reconcile.pacing import StatusPacer
 from tpu_operator.reconcile.slices import SliceReconciler
-from tpu_operator.runtime.caches import Caches
+from tpu_operator.runtime.caches import Caches, identity_of
 from tpu_operator.runtime.events import ObjectRef
 from tpu_operator.runtime.kube import ApiError, namespaced
-from tpu_operator.runtime.listwatch import node_keys, pod_keys
+from tpu_operator.runtime.listwatch import Store, node_keys, pod_attempt, pod_keys
 from tpu_operator.state.views import node_view, pod_view
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -419,6 +419,17 @@ class FakeCluster:
             self._remove(key)
         return len(doomed)
 
+    def confirm_deletion(self, pod_name: str) -> None:
+        """The kubelet of one pod marked for deletion confirms it: the pod is gone."""
+        (key,) = [
+            k
+            for k, o in self.objects.items()
+            if "/pods/" in k
+            and o["metadata"]["name"] == pod_name
+            and o["metadata"].get("deletionTimestamp")
+        ]
+        self._remove(key)
+
     # time and the control loop
     def advance(self, seconds: float) -> None:
         self.now += dt.timedelta(seconds=seconds)
@@ -429,13 +440,16 @@ class FakeCluster:
         indexes: dict[str, defaultdict[Any, list[Any]]] = {
             kind: defaultdict(list) for kind in ("pods", "slices", "jobs", "nodes")
         }
+        pods = Store(tally=pod_attempt)
         for key, obj in self.objects.items():
             if key.startswith("/api/v1/nodes/"):
                 node = node_view(obj)
                 kind, keys = "nodes", node_keys(node, obj["metadata"].get("uid", ""))
             elif "/pods/" in key:
                 view = pod_view(obj)
-                kind, keys = "pods", pod_keys(view) if view else None
+                if view is not None:  # the operator's own pod store, with its counts
+                    pods.put(identity_of(obj), view, pod_keys(view))
+                continue
             elif f"/{contract.SLICE_PLURAL}/" in key:
                 meta = obj["metadata"]
                 kind = "slices"
@@ -454,7 +468,7 @@ class FakeCluster:
                 indexes[kind][index_key].append(value)
         tombstones = self.caches.tombstones
         self.caches.__init__(  # type: ignore[misc]
-            pods=indexes["pods"],
+            pods=pods,
             slices=indexes["slices"],
             jobs=indexes["jobs"],
             nodes=indexes["nodes"],

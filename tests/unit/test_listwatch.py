@@ -38,6 +38,7 @@ def pod(
     pool: str | None = None,
     phase: str = "Pending",
     version: str = "1",
+    attempt: int = 1,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "metadata": {
@@ -49,7 +50,7 @@ def pod(
                 contract.LABEL_SLICE_NAME: slice_name,
                 contract.LABEL_JOB_NAME: job,
                 contract.LABEL_WORKER_INDEX: name.rsplit("-", 1)[-1],
-                contract.LABEL_RESTART_ATTEMPT: "1",
+                contract.LABEL_RESTART_ATTEMPT: str(attempt),
             },
         },
         "spec": {},
@@ -93,6 +94,57 @@ def test_a_standalone_slice_pod_has_no_job_key():
     store = Store()
     put(store, pod("s-0", "u0", job="s", slice_name="s"))
     assert set(store) == {("slice", NS, "s")}
+
+
+def test_the_store_counts_a_jobs_pods_by_attempt_through_every_change():
+    store = Store(tally=listwatch.pod_attempt)
+    caches = Caches(pods=store, slices={}, jobs={}, nodes={})
+
+    def attempts() -> dict[int, int]:
+        return dict(store.counts(("job", NS, "j")))
+
+    assert attempts() == {} and set(caches.attempts_of_job(NS, "j")) == set()
+    put(store, pod("j-0-0", "u0"))
+    put(store, pod("j-0-1", "u1"))
+    put(store, pod("j-1-0", "u2", slice_name="j-1", attempt=2))
+    assert attempts() == {1: 2, 2: 1}
+    put(store, pod("j-0-0", "u0", phase="Running", version="2"))
+    assert attempts() == {1: 2, 2: 1}, "a changed pod is counted once"
+    put(store, pod("j-0-1", "u1", attempt=2, version="2"))
+    assert attempts() == {1: 1, 2: 2}, "a relabelled pod moves to its new attempt"
+    store.discard((NS, "j-0-0", "u0"))
+    assert attempts() == {2: 2} and set(caches.attempts_of_job(NS, "j")) == {2}
+    store.discard((NS, "j-0-1", "u1"))
+    store.discard((NS, "j-1-0", "u2"))
+    assert attempts() == {} and ("job", NS, "j") not in store._counts, "no empty group"
+
+
+def test_a_standalone_slice_pod_is_not_counted_under_any_job():
+    store = Store(tally=listwatch.pod_attempt)
+    put(store, pod("s-0", "u0", job="s", slice_name="s"))
+    assert store._counts == {}
+
+
+@pytest.mark.parametrize(
+    "pods",
+    [
+        [],
+        [("j-0-0", 1)],
+        [("j-0-0", 1), ("j-0-1", 2), ("j-1-0", 3)],
+        [("j-0-0", 0), ("j-0-1", 0)],
+    ],
+)
+def test_attempts_of_a_job_are_the_same_from_the_counts_and_from_its_pods(pods):
+    counted = Store(tally=listwatch.pod_attempt)
+    walked: dict[Any, list[PodView]] = {}
+    for i, (name, attempt) in enumerate(pods):
+        body = pod(name, f"u{i}", slice_name=name.rsplit("-", 1)[0], attempt=attempt)
+        put(counted, body)
+        for key, value in PODS.keys(view(body), identity_of(body)).items():
+            walked.setdefault(key, []).append(value)
+    by_counts = Caches(pods=counted, slices={}, jobs={}, nodes={}).attempts_of_job(NS, "j")
+    by_pods = Caches(pods=walked, slices={}, jobs={}, nodes={}).attempts_of_job(NS, "j")
+    assert set(by_counts) == set(by_pods) == {attempt for _, attempt in pods}
 
 
 def test_caches_forget_drops_a_pod_through_the_store():

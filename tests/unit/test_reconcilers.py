@@ -261,6 +261,28 @@ def test_backoff_delays_the_next_attempt():
     assert len(cluster.pods("j")) == 1
 
 
+def test_no_slice_starts_the_next_attempt_while_a_pod_of_the_last_is_left_in_the_gang():
+    cluster = FakeCluster()
+    running_job(cluster, numSlices=2)
+    cluster.exit_pod("j-0-0", 1)
+    cluster.reconcile_job("j")
+    assert [cluster.slice(s)["spec"]["attempt"] for s in ("j-0", "j-1")] == [2, 2]
+    cluster.reconcile_slice("j-0")
+    cluster.reconcile_slice("j-1")  # both mark their attempt-1 pods for deletion
+    cluster.advance(10)  # past the restart backoff
+    # Slice j-1's old pod is gone; j-0's is still terminating: j-1 waits for it.
+    cluster.confirm_deletion("j-1-0")
+    cluster.reconcile_slice("j-1")
+    assert sorted(cluster.pods("j")) == ["j-0-0"]
+    assert cluster.slice("j-1")["status"]["phase"] == "Restarting"
+    cluster.confirm_deletions()
+    cluster.settle()
+    attempts = {
+        p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in cluster.pods("j").values()
+    }
+    assert sorted(cluster.pods("j")) == ["j-0-0", "j-1-0"] and attempts == {"2"}
+
+
 def test_max_restarts_fails_the_job():
     cluster = FakeCluster()
     running_job(cluster, failurePolicy={"maxRestarts": 0})

@@ -181,8 +181,12 @@ class SliceRun:
             await ctx.ensure_service(self.namespace, self._service())
 
         pods = ctx.caches.pods_of_slice(self.namespace, self.name)
-        gang = ctx.caches.pods_of_job(self.namespace, self.job_name) if self.job_name else pods
-        barrier = [p for p in gang if p.attempt < target]
+        attempts = (
+            ctx.caches.attempts_of_job(self.namespace, self.job_name)
+            if self.job_name
+            else {p.attempt for p in pods}
+        )
+        barrier = any(attempt < target for attempt in attempts)
         created = (
             frozenset({spec.slice_index})
             if target and status.created_attempt >= target
@@ -208,7 +212,7 @@ class SliceRun:
         elif not self.managed and is_claim(node_pool) and not spec.node_pool:
             node_pool = self._resolve_claim(node_pool)
 
-        blocked = bool(barrier) or (not_before is not None and self.now < not_before)
+        blocked = barrier or (not_before is not None and self.now < not_before)
         if not_before is not None and self.now < not_before:
             self._after((not_before - self.now).total_seconds())
         if barrier:
@@ -231,7 +235,7 @@ class SliceRun:
             target,
             stopping,
             blocked,
-            bool(barrier),
+            barrier,
             node_pool,
             waiting_for,
             create_error,

@@ -45,7 +45,7 @@ from tpu_operator.runtime.kube import (
     namespaced,
 )
 from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
-from tpu_operator.runtime.listwatch import NODES, PODS, Kind, ListWatch, OnEvent, Store
+from tpu_operator.runtime.listwatch import NODES, PODS, Kind, ListWatch, OnEvent, Store, pod_attempt
 from tpu_operator.runtime.workqueue import WorkQueue
 from tpu_operator.state.views import NodeView, PodView
 
@@ -113,7 +113,7 @@ class Runtime:
         self.kube = Kube(
             kube_config, concurrency=config.api_concurrency, observer=self._api_request
         )
-        pods, nodes = Store(), Store()
+        pods, nodes = Store(tally=pod_attempt), Store()
         self.caches = Caches(pods=pods, slices=slices, jobs=jobs, nodes=nodes)
 
         def watch(kind: Kind, store: Store, on_event: OnEvent, **options: Any) -> ListWatch:

@@ -34,8 +34,10 @@ import contextlib
 import logging
 import random
 import ssl
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import aiohttp
@@ -79,18 +81,37 @@ def pod_keys(view: PodView) -> Keys:
     return keys
 
 
+def pod_attempt(view: PodView) -> tuple[Any, int] | None:
+    """A job-owned pod is counted under its job with its restart attempt
+    (``Caches.attempts_of_job``)."""
+    if view.job_owned:
+        return ("job", view.namespace, view.job_name), view.attempt
+    return None
+
+
 def node_keys(view: NodeView, uid: str) -> Keys:
     """The index keys of a TPU node (``runtime/caches.py``)."""
     return {("node", view.name): view, ("tpu",): view, ("uid", view.name): uid}
 
 
-class Store(Mapping[Any, Collection[Any]]):
-    """Objects by index key: ``store[key]`` is a live view of the values under it."""
+Tally = Callable[[Any], tuple[Any, Any] | None]
+"""What a stored view is counted under, if anything: (group, value)."""
+NO_COUNTS: Mapping[Any, int] = MappingProxyType({})
 
-    def __init__(self) -> None:
+
+class Store(Mapping[Any, Collection[Any]]):
+    """Objects by index key: ``store[key]`` is a live view of the values under it.
+
+    With ``tally``, the store also keeps, per group, how many views have each value
+    (``counts``): a question such as "which restart attempts do this job's pods belong
+    to" is then answered from a few counters, not by walking the job's pods."""
+
+    def __init__(self, tally: Tally | None = None) -> None:
         self._views: dict[Identity, Any] = {}
         self._filed: dict[Identity, Keys] = {}
         self._keys: dict[Any, dict[Identity, Any]] = {}
+        self._tally = tally
+        self._counts: dict[Any, Counter[Any]] = {}
 
     def __getitem__(self, key: Any) -> Collection[Any]:
         return self._keys[key].values()
@@ -117,16 +138,22 @@ class Store(Mapping[Any, Collection[Any]]):
             return list(self._views)
         return [i for i in self._views if i[0] == namespace]
 
+    def counts(self, group: Any) -> Mapping[Any, int]:
+        """How many stored views ``tally`` puts in ``group`` with each value (live)."""
+        return self._counts.get(group, NO_COUNTS)
+
     def put(self, ident: Identity, view: Any, keys: Keys) -> Any:
         """Store ``view`` under ``keys``, replacing the object's earlier entries; return
         the earlier view (None if the object is new)."""
         old = self._views.get(ident)
         if ident in self._filed:
             self._unfile(ident)
+            self._count(old, -1)
         self._views[ident] = view
         self._filed[ident] = keys
         for key, value in keys.items():
             self._keys.setdefault(key, {})[ident] = value
+        self._count(view, 1)
         return old
 
     def discard(self, ident: Identity) -> Any:
@@ -134,7 +161,21 @@ class Store(Mapping[Any, Collection[Any]]):
         if ident not in self._filed:
             return None
         self._unfile(ident)
-        return self._views.pop(ident)
+        view = self._views.pop(ident)
+        self._count(view, -1)
+        return view
+
+    def _count(self, view: Any, step: int) -> None:
+        found = self._tally(view) if self._tally is not None else None
+        if found is None:
+            return
+        group, value = found
+        counts = self._counts.setdefault(group, Counter())
+        counts[value] += step
+        if counts[value] <= 0:
+            del counts[value]
+            if not counts:
+                del self._counts[group]
 
     # kopf's indexes drop an object through ``_discard``; ``Caches.forget`` calls that.
     _discard = discard
