@@ -17,6 +17,9 @@ and repetition, the variants run one after the other (order alternating):
 - ``operator``: ``tpu-operator run --no-in-place-restarts`` (a subprocess watching
   namespace scale-op) gets the TPUJob; phases are timed from the POST of the TPUJob, the
   kill of a worker and the DELETE of the TPUJob.
+- ``operator-b`` (only when asked for, with ``--b-source DIR``): the same, run from
+  another checkout and watching namespace scale-opb, for an A/B of two versions side by
+  side in one run;
 - ``bare``: the practical limit (``scale_bare.py``): a separate process with the official
   client in 32 threads (the operator's default ``--api-concurrency``), raw JSON, POSTs the
   same headless Service and pods (built with the operator's own builders, owned by inert
@@ -50,6 +53,8 @@ Every finished trial goes to ``bench/results/scale.partial.json`` at once, every
 
     .venv/bin/python bench/scale.py [--reps N] [--sizes 256 1024 4096 12736]
         [--variants operator bare] [--profile DIR] [--force]
+    .venv/bin/python bench/scale.py --sizes 4096 --variants operator operator-b \
+        --b-source /tmp/base                  # an A/B against another checkout
 """
 
 from __future__ import annotations
@@ -81,8 +86,11 @@ HOSTS_PER_SLICE = catalog.shape(ACCELERATOR, TOPOLOGY).hosts
 SIZES = {64: 1, 256: 4, 1024: 16, 4096: 64, 12736: 199}
 """Hosts -> slices of v5litepod-256."""
 DEFAULT_SIZES = [256, 1024, 4096, 12736]
-NAMESPACES = {"operator": "scale-op", "bare": "scale-bare"}
-VARIANTS = ("operator", "bare")
+NAMESPACES = {"operator": "scale-op", "operator-b": "scale-opb", "bare": "scale-bare"}
+VARIANTS = ("operator", "operator-b", "bare")
+DEFAULT_VARIANTS = ("operator", "bare")
+"""``operator-b`` (``--b-source``) is a second operator from another checkout, for an A/B
+of two versions in the same run (pods of its own namespace only, as the other's)."""
 ATTEMPT = contract.LABEL_RESTART_ATTEMPT
 CONCURRENCY = 32
 TEMPLATE = harness.WORKER_TEMPLATE
@@ -269,6 +277,7 @@ class Bench:
     cluster: Cluster
     api: Kube
     operator: harness.Operator | None
+    operator_b: harness.Operator | None = None
     trials: list[dict[str, Any]] = field(default_factory=list)
     warmups: list[dict[str, Any]] = field(default_factory=list)
     """The untimed first job of each variant (the operator's includes its start-up: its
@@ -285,10 +294,13 @@ async def kill(bench: Bench, namespace: str, pod: str) -> float:
     return started
 
 
-async def trial_operator(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
-    operator = bench.operator
+async def trial_operator(
+    bench: Bench, hosts: int, rep: int, variant: str = "operator"
+) -> dict[str, Any]:
+    operator = bench.operator_b if variant == "operator-b" else bench.operator
     assert operator is not None
-    namespace, name = NAMESPACES["operator"], f"op{hosts}-{rep}"
+    prefix = "opb" if variant == "operator-b" else "op"
+    namespace, name = NAMESPACES[variant], f"{prefix}{hosts}-{rep}"
     timeout = timeout_for(hosts) if rep else WARMUP_TIMEOUT
     pods = PodCounts(bench.api, pods_path(namespace))
     await pods.start()
@@ -298,7 +310,9 @@ async def trial_operator(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
     harness.reset_peak(operator.pid)
     meter = Meter(operator.pid, operator.requests)
     try:
-        result = await operator_phases(bench, pods, jobs, meter, namespace, name, hosts, timeout)
+        result = await operator_phases(
+            bench, operator, pods, jobs, meter, namespace, name, hosts, timeout
+        )
     finally:
         if profiler is not None:
             await profiler.stop()
@@ -311,6 +325,7 @@ async def trial_operator(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
 
 async def operator_phases(
     bench: Bench,
+    operator: harness.Operator,
     pods: PodCounts,
     jobs: Watch,
     meter: Meter,
@@ -319,8 +334,7 @@ async def operator_phases(
     hosts: int,
     limit: float,
 ) -> dict[str, Any]:
-    assert bench.operator is not None
-    pid = bench.operator.pid
+    pid = operator.pid
     started = time.monotonic()
     await bench.api.call("POST", jobs_path(namespace), tpujob(name, namespace, hosts))
     post_after_start = started - bench.operator_started
@@ -555,7 +569,11 @@ async def bare_phases(
 # Runs ------------------------------------------------------------------------------------
 
 Trial = Callable[[Bench, int, int], Awaitable[dict[str, Any]]]
-TRIALS: dict[str, Trial] = {"operator": trial_operator, "bare": trial_bare}
+TRIALS: dict[str, Trial] = {
+    "operator": trial_operator,
+    "operator-b": lambda b, h, r: trial_operator(b, h, r, variant="operator-b"),
+    "bare": trial_bare,
+}
 
 
 def available_mb() -> float:
@@ -694,7 +712,7 @@ def figures(trials: list[dict[str, Any]], variants: list[str], sizes: list[int])
             for phase in PHASES:
                 entry[f"cpu_ms_per_pod_{phase}"] = stat(mine, lambda t, p=phase: per_pod(t, p))
             entry["peak_mb"] = stat(mine, lambda t: t["peak_mb"])
-            if variant == "operator":
+            if variant != "bare":
                 entry["job_running_s"] = stat(mine, lambda t: t["job_running"])
                 entry["restart_job_running_s"] = stat(mine, lambda t: t["restart"]["job_running"])
                 entry["steady_mb"] = stat(mine, lambda t: t["steady_cost"]["memory_mb"]["rss"])
@@ -755,7 +773,7 @@ def report(results: dict[str, Any], variants: list[str], sizes: list[int]) -> No
                 " / ".join(fmt(f[f"cpu_ms_per_pod_{p}"]["median"]) for p in PHASES),
                 " / ".join(fmt(vs[p]) for p in PHASES),
                 " / ".join(fmt(f[f"requests_per_pod_{p}"]["median"]) for p in PHASES)
-                if variant == "operator" else "-",
+                if variant != "bare" else "-",
                 fmt(f["peak_mb"]["median"], 0),
                 fmt(f["steady_mb"]["median"], 0) if "steady_mb" in f else "-",
             ])  # fmt: skip
@@ -800,11 +818,20 @@ def main() -> None:
         help="record the operator with py-spy during each trial into DIR/<trial>.txt "
         "(collapsed stacks) and print the top functions",
     )
+    parser.add_argument(
+        "--b-source",
+        type=Path,
+        metavar="DIR",
+        help="run the operator-b variant from another checkout (e.g. `git worktree add "
+        "/tmp/base HEAD~1`)",
+    )
     parser.add_argument("--force", action="store_true",
                         help="run sizes even when their estimated memory does not fit")  # fmt: skip
     args = parser.parse_args()
     sizes = sorted(args.sizes or DEFAULT_SIZES)
-    variants = list(args.variants or VARIANTS)
+    variants = list(args.variants or DEFAULT_VARIANTS)
+    if "operator-b" in variants and args.b_source is None:
+        parser.error("the operator-b variant needs --b-source")
     sizes, skipped = fitting(sizes, args.force)
     for hosts, why in skipped.items():
         say(f"SIZE {hosts:,} CANNOT RUN HERE: {why}; skipped (--force runs it anyway)")
@@ -836,13 +863,23 @@ def main() -> None:
                 [f"--namespace={NAMESPACES['operator']}", "--no-in-place-restarts"],
             )
             operator.start()
+        operator_b = None
+        if "operator-b" in variants:
+            operator_b = harness.Operator(
+                cluster,
+                "scale-b",
+                [f"--namespace={NAMESPACES['operator-b']}", "--no-in-place-restarts"],
+                source=args.b_source,
+            )
+            operator_b.start()
         try:
-            bench = Bench(cluster, None, operator, profile=args.profile)  # type: ignore[arg-type]
+            bench = Bench(cluster, None, operator, operator_b, profile=args.profile)  # type: ignore[arg-type]
             bench.operator_started = time.monotonic()
             failures = asyncio.run(drive(bench, variants, sizes, args.reps))
         finally:
-            if operator is not None:
-                operator.stop()
+            for running in (operator, operator_b):
+                if running is not None:
+                    running.stop()
     failures = {**{h: f"not run: {why}" for h, why in skipped.items()}, **failures}
     results = figures(bench.trials, variants, sizes)
     report(results, variants, sizes)
