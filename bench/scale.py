@@ -806,6 +806,19 @@ def report(results: dict[str, Any], variants: list[str], sizes: list[int]) -> No
 # Main ------------------------------------------------------------------------------------
 
 
+def start_operator(cluster: Cluster, variant: str, source: Path | None = None) -> harness.Operator:
+    """``tpu-operator run`` for ``variant``, watching its namespace, from this checkout or
+    ``source``; started (its health check answers)."""
+    operator = harness.Operator(
+        cluster,
+        "scale-b" if variant == "operator-b" else "scale",
+        [f"--namespace={NAMESPACES[variant]}", "--no-in-place-restarts"],
+        source=source,
+    )
+    operator.start()
+    return operator
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=1)
@@ -855,23 +868,12 @@ def main() -> None:
         component_args=harness.SCALE_ARGS,
     ) as cluster:
         cluster_up = time.monotonic() - started
-        operator = None
-        if "operator" in variants:
-            operator = harness.Operator(
-                cluster,
-                "scale",
-                [f"--namespace={NAMESPACES['operator']}", "--no-in-place-restarts"],
-            )
-            operator.start()
-        operator_b = None
-        if "operator-b" in variants:
-            operator_b = harness.Operator(
-                cluster,
-                "scale-b",
-                [f"--namespace={NAMESPACES['operator-b']}", "--no-in-place-restarts"],
-                source=args.b_source,
-            )
-            operator_b.start()
+        operator = start_operator(cluster, "operator") if "operator" in variants else None
+        operator_b = (
+            start_operator(cluster, "operator-b", args.b_source)
+            if "operator-b" in variants
+            else None
+        )
         try:
             bench = Bench(cluster, None, operator, operator_b, profile=args.profile)  # type: ignore[arg-type]
             bench.operator_started = time.monotonic()
