@@ -438,7 +438,7 @@ class FakeCluster:
     def _index(self) -> None:
         """Rebuild the watch caches from the stored objects (watches in sync)."""
         indexes: dict[str, defaultdict[Any, list[Any]]] = {
-            kind: defaultdict(list) for kind in ("pods", "slices", "jobs", "nodes")
+            kind: defaultdict(list) for kind in ("slices", "jobs", "nodes")
         }
         pods = Store(tally=pod_attempt)
         for key, obj in self.objects.items():

@@ -32,18 +32,12 @@ from tpu_operator.reconcile.pacing import reconcile_spacing
 from tpu_operator.reconcile.slices import SliceReconciler
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime import collector
-from tpu_operator.runtime.audit import CacheAudit, wake_pod
+from tpu_operator.runtime.audit import CacheAudit, Source, wake_pod
 from tpu_operator.runtime.caches import Caches, Index
 from tpu_operator.runtime.collector import DEFAULT_THRESHOLD
 from tpu_operator.runtime.control import ControlChannel, load_master_key
 from tpu_operator.runtime.events import EventRecorder
-from tpu_operator.runtime.kube import (
-    ApiError,
-    Kube,
-    RequestRecord,
-    load_configuration,
-    namespaced,
-)
+from tpu_operator.runtime.kube import ApiError, Kube, RequestRecord, load_configuration
 from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
 from tpu_operator.runtime.listwatch import NODES, PODS, Kind, ListWatch, OnEvent, Store, pod_attempt
 from tpu_operator.runtime.workqueue import WorkQueue
@@ -54,6 +48,12 @@ LISTED_POLL_SECONDS = 1.0
 """How often start-up asks whether any TPUJob or TPUSlice exists (``_all_listed``)."""
 HALT_SECONDS = 5.0
 """How long a deposed leader waits for its reconciles and queues to stop before exiting."""
+SERVICES = Source(
+    "services",
+    "services",
+    label_selector=f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY_VALUE}",
+)
+"""The operator's headless Services, listed at start and at every resync."""
 
 
 @dataclass
@@ -387,22 +387,19 @@ class Runtime:
 
     async def _list_services(self) -> None:
         """Refresh ``Context.services`` from one paged metadata list per namespace."""
-        selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY_VALUE}"
         listed: list[dict[str, Any]] = []
         try:
-            scopes: list[str | None] = [*self.config.namespaces] or [None]
-            for namespace in scopes:
-                path = namespaced(namespace, "services") if namespace else "/api/v1/services"
-                listed += await self.kube.list_metadata(path, label_selector=selector)
+            for path in SERVICES.paths(self.config.namespaces):
+                listed += await self.kube.list_metadata(
+                    path, label_selector=SERVICES.label_selector
+                )
         except ApiError as exc:
             log.warning(
                 "listing the operator's Services failed (%s); each is looked at again at "
                 "its owner's next reconcile",
                 exc,
             )
-            self.context.services.clear()
-            self.context.service_conflicts.clear()
-            return
+            listed = []  # none known: every owner looks at its own again
         self.context.known_services(listed)
 
     async def _housekeeping(self) -> None:
