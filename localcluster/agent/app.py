@@ -124,6 +124,8 @@ class Agent:
         runner = await control.serve(self, layout.agent_socket)
         self.writer.start()
         try:
+            if not await self.kube.wait_serving(stop):
+                return
             await self.nodes.add_pools(self.config.pools)
             self._tasks = [
                 asyncio.create_task(self.nodes.run(), name="leases"),

@@ -14,6 +14,7 @@ Authentication is the node agent's client certificate from the cluster's PKI.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import ssl
@@ -83,6 +84,22 @@ class Kube:
             except json.JSONDecodeError:
                 payload = raw.decode(errors="replace")
             return response.status, payload
+
+    async def wait_serving(self, stop: asyncio.Event, interval: float = 0.2) -> bool:
+        """Wait until the apiserver answers ``/readyz`` with 200, as a kubelet retries its
+        registration until the apiserver takes it: the launcher starts the agent together
+        with the apiserver, and a fast agent would otherwise register its nodes before
+        the apiserver listens. False if ``stop`` was set first."""
+        while not stop.is_set():
+            try:
+                status, _ = await self.request("GET", "/readyz")
+                if status == 200:
+                    return True
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+        return False
 
     async def call(
         self,
