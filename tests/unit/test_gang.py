@@ -11,7 +11,7 @@ from tpu_operator.api.policy import ExitCodeRule, FailurePolicy
 from tpu_operator.api.status import Reason
 from tpu_operator.decisions import backoff_seconds, decide
 from tpu_operator.placement.pools import PoolView, Request, allocate
-from tpu_operator.state.gang import Member, WorkerFailure, assess
+from tpu_operator.state.gang import Member, WorkerFailure, assess, may_end_attempt
 from tpu_operator.state.views import PodView, node_view, pod_view
 
 pytestmark = pytest.mark.unit
@@ -305,3 +305,35 @@ def test_views_from_api_objects():
         }
     )
     assert (node.pool, node.ready, node.tpu_chips) == ("p", True, 4)
+
+
+@pytest.mark.parametrize(
+    ("changes", "ends"),
+    [
+        ({}, False),
+        ({"ready": False}, False),  # not ready yet (or a failing probe): no failure
+        ({"phase": "Pending", "ready": False, "node": None}, False),
+        ({"unschedulable": "0/3 nodes are available"}, False),
+        ({"phase": "Failed", "exit_code": 1}, True),
+        ({"worker_exit": 1}, True),  # the worker exited; the phase is still Running
+        ({"phase": "Succeeded", "exit_code": 0}, True),
+        ({"deletion_deadline": "2026-11-23T00:00:00Z"}, True),
+        ({"disruption": "PreemptionByScheduler"}, True),
+        (
+            {
+                "supervised": True,
+                "ready": False,
+                "worker_started": "2026-11-23T00:00:00Z",
+                "not_ready_since": "2026-11-23T00:01:00Z",
+            },
+            True,
+        ),
+    ],
+)
+def test_an_event_that_may_end_the_attempt_is_told_from_one_that_cannot(changes, ends):
+    """Such events are not held back by a large job's pacing; every failure the gang's
+    assessment finds on a pod's own state must be among them."""
+    view = pod("j-0-0", **changes)
+    assert may_end_attempt(view) is ends
+    if gang(view).failure is not None:
+        assert may_end_attempt(view)
