@@ -1,12 +1,14 @@
 """Sample running jobs' worker metrics endpoints (no Prometheus server needed).
 
 Every ``sampleInterval`` the sampler reads worker 0 of each slice; every sixth round it
-reads every worker. Reads go straight to the pods' IPs and metrics ports, at most
-``concurrency`` at a time with a short timeout; a round for a job never overlaps the
-previous one. After a round the job is queued for reconciliation only when something
-must be written: a stall or straggler change, or progress due for publication (at most
-once per ``publish_interval``, so status writes per running job stay bounded however
-often the workers are read).
+reads every worker, unless no worker answered the round before: a job whose workers serve
+no metrics (an image without them, workers still starting) costs a read per slice and
+interval, not one per worker (12,736 failed reads a minute for the largest jobs). Reads
+go straight to the pods' IPs and metrics ports, at most ``concurrency`` at a time with a
+short timeout; a round for a job never overlaps the previous one. After a round the job
+is queued for reconciliation only when something must be written: a stall or straggler
+change, or progress due for publication (at most once per ``publish_interval``, so status
+writes per running job stay bounded however often the workers are read).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class ProgressSampler:
         self._concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
         self._rounds: dict[Key, int] = {}
+        self._silent: set[Key] = set()
+        """Jobs of which no worker answered the last round: no full round until one does."""
         self._due: dict[Key, float] = {}
         self._busy: dict[Key, asyncio.Task[None]] = {}
         self._flags: dict[Key, tuple[bool, tuple[str, ...]]] = {}
@@ -66,11 +70,15 @@ class ProgressSampler:
     def track(self, namespace: str, name: str) -> JobTrack | None:
         return self.tracks.get((namespace, name))
 
-    def start(self) -> None:
+    def open(self) -> None:
+        """Open the HTTP session the reads use (``start`` does, then samples by itself)."""
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=self._concurrency),
             timeout=aiohttp.ClientTimeout(total=self.timeout),
         )
+
+    def start(self) -> None:
+        self.open()
         self._task = asyncio.create_task(self._run(), name="progress-sampler")
 
     async def stop(self) -> None:
@@ -110,6 +118,7 @@ class ProgressSampler:
                 self._flags.pop(key, None)
                 self._rounds.pop(key, None)
                 self._due.pop(key, None)
+                self._silent.discard(key)
 
     def _finished(self, key: Key, _: asyncio.Task[None]) -> None:
         self._busy.pop(key, None)
@@ -128,7 +137,7 @@ class ProgressSampler:
             track = self.tracks[key] = JobTrack(attempt)
         round_number = self._rounds.get(key, 0)
         self._rounds[key] = round_number + 1
-        full = round_number % FULL_ROUND_EVERY == 0
+        full = round_number % FULL_ROUND_EVERY == 0 and key not in self._silent
         port = ((job.get("spec") or {}).get("ports") or {}).get(
             "metrics", contract.DEFAULT_METRICS_PORT
         )
@@ -150,6 +159,10 @@ class ProgressSampler:
         if full:
             track.asked, track.answered = len(targets), answered
             track.last_full_round = self.clock()
+        if answered or not targets:
+            self._silent.discard(key)
+        else:
+            self._silent.add(key)
         self._notify(key, job, track, monitoring)
 
     async def _read(self, pod: PodView, port: int) -> WorkerSample | None:

@@ -1,0 +1,106 @@
+"""The progress sampler's reads: leaders every round, everyone every sixth, unless no
+worker answered the round before (``progress/sampler.py``). Workers are a local HTTP
+server on 127.0.0.1; a worker "not serving" has its pod IP at 127.0.0.2, where nothing
+listens (the connection is refused at once)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from tpu_operator import contract, worker_metrics
+from tpu_operator.progress.sampler import ProgressSampler, _monitoring
+from tpu_operator.runtime.caches import Caches, identity_of
+from tpu_operator.runtime.listwatch import PODS, Store, pod_attempt
+from tpu_operator.state.views import pod_view
+
+pytestmark = pytest.mark.unit
+
+NAMESPACE, JOB, SLICES, HOSTS = "ml", "j", 2, 8
+SERVING, SILENT = "127.0.0.1", "127.0.0.2"
+
+
+def worker_pod(slice_index: int, worker: int, ip: str) -> dict[str, Any]:
+    slice_name = contract.slice_name(JOB, slice_index)
+    return {
+        "metadata": {
+            "name": contract.pod_name(slice_name, worker),
+            "namespace": NAMESPACE,
+            "uid": f"uid-{slice_index}-{worker}",
+            "labels": {
+                contract.LABEL_SLICE_NAME: slice_name,
+                contract.LABEL_JOB_NAME: JOB,
+                contract.LABEL_WORKER_INDEX: str(worker),
+                contract.LABEL_RESTART_ATTEMPT: "1",
+            },
+        },
+        "spec": {"nodeName": f"node-{slice_index}-{worker}"},
+        "status": {"phase": "Running", "podIP": ip},
+    }
+
+
+def caches(leaders_serve: bool) -> Caches:
+    store = Store(tally=pod_attempt)
+    for s in range(SLICES):
+        for w in range(HOSTS):
+            body = worker_pod(s, w, SERVING if leaders_serve and w == 0 else SILENT)
+            view = pod_view(body)
+            assert view is not None
+            store.put(identity_of(body), view, PODS.keys(view, identity_of(body)))
+    return Caches(pods=store, slices={}, jobs={}, nodes={})
+
+
+async def rounds(leaders_serve: bool, count: int) -> tuple[list[str], int]:
+    """Run ``count`` sampling rounds of one Running job; the addresses the sampler read
+    (in order, as the server saw them) and its count of reads."""
+    served: list[str] = []
+
+    async def metrics(request: web.Request) -> web.Response:
+        served.append(request.remote or "")
+        return web.Response(text="")  # a worker that has not trained yet: no samples
+
+    app = web.Application()
+    app.router.add_get(worker_metrics.METRICS_PATH, metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, SERVING, 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    job = {
+        "metadata": {"namespace": NAMESPACE, "name": JOB, "uid": "u", "generation": 1},
+        "spec": {"ports": {"metrics": port}},
+        "status": {"phase": "Running", "attempt": 1},
+    }
+    sampler = ProgressSampler(caches(leaders_serve), lambda _key: None, timeout=1.0)
+    sampler.open()  # no sampling loop: the test drives the rounds
+    try:
+        monitoring = sampler_monitoring(job)
+        for _ in range(count):
+            await sampler._sample((NAMESPACE, JOB), job, monitoring)
+    finally:
+        await sampler.stop()
+        await runner.cleanup()
+    return served, sampler.reads
+
+
+def sampler_monitoring(job: dict[str, Any]) -> Any:
+    monitoring = _monitoring(job)
+    assert monitoring is not None  # monitoring is on by default
+    return monitoring
+
+
+def test_a_job_whose_workers_serve_no_metrics_is_read_one_worker_per_slice():
+    """12 rounds: the first reads all 16 workers and none answers; after that only the
+    2 leaders (worker 0 of each slice) are read, the sixth-round full read included."""
+    served, reads = asyncio.run(rounds(leaders_serve=False, count=12))
+    assert served == []
+    assert reads == SLICES * HOSTS + 11 * SLICES  # 38; 52 if every sixth round read all
+
+
+def test_once_the_leaders_answer_every_sixth_round_reads_every_worker():
+    served, reads = asyncio.run(rounds(leaders_serve=True, count=12))
+    assert reads == 2 * SLICES * HOSTS + 10 * SLICES
+    assert len(served) == 12 * SLICES  # the leaders answered every round
