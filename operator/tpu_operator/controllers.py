@@ -139,11 +139,13 @@ def _relisted(memo: Any, kind: str, type: str | None) -> None:
 
 @kopf.on.event(contract.GROUP, contract.VERSION, contract.JOB_PLURAL)
 async def job_changed(
-    type: str | None, namespace: str | None, name: str, memo: Any, **_: Any
+    type: str | None, body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
 ) -> None:
     _relisted(memo, "jobs", type)
-    if runtime := _acting(memo):
-        runtime.jobs.add(_key(namespace, name))
+    runtime = _acting(memo)
+    key = _key(namespace, name)
+    if runtime is not None and runtime.asks("jobs", key, type, body):
+        runtime.jobs.add(key)
 
 
 @kopf.on.event(contract.GROUP, contract.VERSION, contract.SLICE_PLURAL)
@@ -154,9 +156,11 @@ async def slice_changed(
     runtime = _acting(memo)
     if runtime is None:
         return
-    runtime.slices.add(_key(namespace, name))
+    key = _key(namespace, name)
+    if runtime.asks("slices", key, type, body):
+        runtime.slices.add(key)
     job = slice_job_name(body)
-    if job:
+    if job and runtime.slice_news(key, type, body):
         runtime.jobs.add(_key(namespace, job))
 
 

@@ -112,7 +112,7 @@ class Recorder:
     def __init__(self) -> None:
         self.keys: list[tuple[str, str]] = []
 
-    def add(self, key: tuple[str, str], after: float = 0.0) -> None:
+    def add(self, key: tuple[str, str], after: float = 0.0, *, urgent: bool = False) -> None:
         self.keys.append(key)
 
 

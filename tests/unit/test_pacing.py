@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tpu_operator.reconcile.pacing import StatusPacer, counters_only, reconcile_spacing
+from tpu_operator.reconcile.pacing import (
+    StatusPacer,
+    counters_only,
+    material_slice,
+    reconcile_spacing,
+)
 
 
 def status(waiting: int, phase: str = "Restarting", **extra: object) -> dict[str, object]:
@@ -102,3 +107,51 @@ def test_counter_writes_wait_for_the_rest_of_the_interval():
 )
 def test_reconcile_spacing_grows_with_the_pods_of_a_job(pods, minimum, spacing):
     assert reconcile_spacing(pods, minimum) == pytest.approx(spacing)
+
+
+@pytest.mark.parametrize(
+    ("pods", "changes", "spacing"),
+    [
+        (256, 0, 0.1),  # up to 1,000 pods: the minimum, whatever changed
+        (1000, 0, 0.1),
+        (2000, None, 0.2),  # an urgent event: the spacing alone
+        (2000, 32, 0.2),  # 1/64 of the pods changed
+        (2000, 31, 0.8),  # fewer: four times the spacing
+        (4096, 10, 1.6384),
+        (12736, 199, 1.2736),
+        (12736, 198, 5.0),  # capped
+        (12736, None, 1.2736),
+    ],
+)
+def test_a_large_job_waits_longer_until_enough_of_its_pods_changed(pods, changes, spacing):
+    assert reconcile_spacing(pods, 0.1, changes) == pytest.approx(spacing)
+
+
+def slice_body(**status: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "phase": "Starting",
+        "attempt": 1,
+        "createdAttempt": 1,
+        "readyWorkers": 3,
+        "message": "3/64 ready",
+        "conditions": [{"type": "Ready", "status": "False", "reason": "Starting", "message": "3"}],
+    }
+    return {"metadata": {"uid": "u", "generation": 1}, "status": {**base, **status}}
+
+
+def test_a_slice_whose_counters_alone_moved_tells_its_job_nothing_new():
+    before = material_slice(slice_body())
+    conditions = [{"type": "Ready", "status": "False", "reason": "Starting", "message": "9"}]
+    assert material_slice(slice_body(readyWorkers=9, message="9/64 ready")) == before
+    assert material_slice(slice_body(conditions=conditions)) == before
+    ready = [{"type": "Ready", "status": "True", "reason": "Running", "message": ""}]
+    for changed in (
+        slice_body(phase="Running"),
+        slice_body(createdAttempt=2),
+        slice_body(conditions=ready),
+        slice_body(failure={"reason": "InvalidPodTemplate", "attempt": 1}),
+    ):
+        assert material_slice(changed) != before
+    respecified = slice_body()
+    respecified["metadata"] = {"uid": "u", "generation": 2}
+    assert material_slice(respecified) != before

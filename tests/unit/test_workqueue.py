@@ -71,7 +71,7 @@ def test_per_key_spacing_holds_a_large_key_back_and_leaves_small_ones_at_the_min
         handler = Recorder()
         spacing = {"large": 0.4, "small": 0.0}
         queue: WorkQueue[str] = WorkQueue(
-            "t", handler, min_interval=0.05, spacing=spacing.__getitem__
+            "t", handler, min_interval=0.05, spacing=lambda key, _changes: spacing[key]
         )
         queue.start()
         for key in spacing:
@@ -90,6 +90,43 @@ def test_per_key_spacing_holds_a_large_key_back_and_leaves_small_ones_at_the_min
     # The small key keeps the minimum: the same burst reconciles it more often.
     assert len(times["small"]) > 2
     assert all(b - a >= 0.049 for a, b in zip(times["small"], times["small"][1:], strict=False))
+
+
+def test_a_key_spaced_by_changes_waits_for_enough_events_or_an_urgent_one():
+    """The queue tells ``spacing`` how many events asked for a key since its last
+    reconcile began, or None after an urgent one; this spacing holds the key back for
+    1 s until 5 events came, and for 0.05 s once they did."""
+    told: list[int | None] = []
+
+    def spacing(_key: str, changes: int | None) -> float:
+        told.append(changes)
+        return 0.05 if changes is None or changes >= 5 else 1.0
+
+    async def scenario() -> list[float]:
+        handler = Recorder()
+        queue: WorkQueue[str] = WorkQueue("t", handler, spacing=spacing)
+        queue.start()
+        queue.add("a")  # first reconcile: nothing to space from
+        await asyncio.sleep(0.1)
+        for _ in range(3):  # too few changes: held back for the long spacing
+            queue.add("a")
+        await asyncio.sleep(0.3)
+        assert len(handler.calls) == 1
+        for _ in range(2):  # the fifth change: it runs after the short spacing
+            queue.add("a")
+        await asyncio.sleep(0.3)
+        assert len(handler.calls) == 2
+        queue.add("a", urgent=True)  # one urgent event is enough
+        await asyncio.sleep(0.3)
+        await queue.stop()
+        return [t for _, t in handler.calls]
+
+    times = run(scenario())
+    assert len(times) == 3
+    assert 0.3 < times[1] - times[0] < 0.6
+    assert times[2] - times[1] < 0.45
+    # Counted from the last reconcile's start; the urgent event is told as None.
+    assert told[:6] == [1, 2, 3, 4, 5, None], told
 
 
 def test_a_quiet_key_reacts_at_once_and_other_keys_are_not_spaced():

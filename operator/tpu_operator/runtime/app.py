@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from tpu_operator.metrics import OperatorMetrics
 from tpu_operator.progress.sampler import ProgressSampler
 from tpu_operator.reconcile.context import Context
 from tpu_operator.reconcile.jobs import JobReconciler
-from tpu_operator.reconcile.pacing import reconcile_spacing
+from tpu_operator.reconcile.pacing import LastSeen, intent, material_slice, reconcile_spacing
 from tpu_operator.reconcile.slices import SliceReconciler
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime import collector
@@ -41,6 +41,7 @@ from tpu_operator.runtime.kube import ApiError, Kube, RequestRecord, load_config
 from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
 from tpu_operator.runtime.listwatch import NODES, PODS, Kind, ListWatch, OnEvent, Store, pod_attempt
 from tpu_operator.runtime.workqueue import WorkQueue
+from tpu_operator.state.gang import may_end_attempt
 from tpu_operator.state.views import NodeView, PodView
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,10 @@ class Runtime:
         self.own_listed = asyncio.Event()
         """Set once the node and pod watches have their initial listings (``watch``)."""
         self._may_act: Callable[[], bool] = lambda: True
+        self._slices_seen: LastSeen[tuple[str, str]] = LastSeen()
+        """What each job-owned slice last said that its job reads (``slice_news``)."""
+        self._intents: LastSeen[tuple[str, str, str]] = LastSeen()
+        """Each TPUJob's and TPUSlice's last seen metadata and generation (``asks``)."""
         self.metrics.watch_phases(
             lambda: (list(self.caches.jobs()), list(self.caches.all_slices()))
         )
@@ -190,13 +195,13 @@ class Runtime:
         self.metrics.api_request(record)
         self.audit.api_request(record)
 
-    def _job_spacing(self, key: tuple[str, str]) -> float:
+    def _job_spacing(self, key: tuple[str, str], changes: int | None) -> float:
         pods = self.caches.count_pods_of_job(*key)
-        return reconcile_spacing(pods, self.config.reconcile_min_interval)
+        return reconcile_spacing(pods, self.config.reconcile_min_interval, changes)
 
-    def _slice_spacing(self, key: tuple[str, str]) -> float:
+    def _slice_spacing(self, key: tuple[str, str], changes: int | None) -> float:
         pods = self.caches.count_pods_of_slice(*key)
-        return reconcile_spacing(pods, self.config.reconcile_min_interval)
+        return reconcile_spacing(pods, self.config.reconcile_min_interval, changes)
 
     async def _reconcile_job(self, key: tuple[str, str]) -> float | None:
         if not self._may_act():
@@ -238,12 +243,29 @@ class Runtime:
             self.caches.tombstones.record(view)  # a standby keeps them too
         if not self.acting:
             return
-        wake_pod(self, view)
+        wake_pod(self, view, urgent=type == "DELETED" or may_end_attempt(view))
         # A pool changes hands when the last pod on it is gone: wake whoever waits for one
         # now rather than at their next periodic retry.
         freed = view.pool and (type == "DELETED" or view.terminal)
         if freed and not any(p.active for p in self.caches.pods_in_pool(view.pool or "")):
             self.wake_waiting()
+
+    def asks(self, kind: str, key: tuple[str, str], type: str | None, body: Any) -> bool:
+        """Whether an event of a TPUJob or TPUSlice asks for its own reconcile: not when
+        it only shows the status the operator wrote (``reconcile/pacing.py``, ``intent``).
+        Each status write would otherwise make one more reconcile of its object that
+        finds nothing to do: for a slice, about one per pod event while its pods start.
+        Listings (``type`` None), new and deleted objects always ask."""
+        changed = self._intents.changed((kind, *key), type, intent(body))
+        return changed or type != "MODIFIED"
+
+    def slice_news(self, key: tuple[str, str], type: str | None, body: Any) -> bool:
+        """Whether a job-owned slice's event says something its job reads: not while
+        only its counters moved. Those follow the pod events that woke the job already,
+        and would otherwise count as changes of a large job (``reconcile/pacing.py``):
+        199 slices writing their counts every second would keep it reconciled as often
+        as its spacing allows."""
+        return self._slices_seen.changed(key, type, material_slice(body))
 
     def node_event(self, type: str | None, view: NodeView) -> None:
         """A TPU node changed: its pods' slices and jobs, and whatever waits for a pool,
@@ -251,8 +273,9 @@ class Runtime:
         self.caches.nodes_changed()
         if not self.acting or type is None:
             return
+        lost = type == "DELETED" or not view.ready or view.disruption_notice is not None
         for pod in self.caches.pods_on_node(view.name):
-            wake_pod(self, pod)
+            wake_pod(self, pod, urgent=lost)
         self.wake_waiting()
 
     def _nodes_listed(self, _count: int) -> None:
@@ -403,8 +426,21 @@ class Runtime:
         self.context.known_services(listed)
 
     async def _housekeeping(self) -> None:
-        """Forget old tombstones (a standby records them too, for when it leads)."""
+        """Forget old tombstones (a standby records them too, for when it leads) and what
+        was seen of objects that are gone."""
         while True:
             await asyncio.sleep(self.config.resync_seconds)
             self.caches.tombstones.prune()
+            self._forget_gone()
             collector.trim()
+
+    def _forget_gone(self) -> None:
+        """Drop what ``asks`` and ``slice_news`` remember of TPUJobs and TPUSlices no longer
+        cached (deleted while a watch was away, so no DELETED event said so)."""
+
+        def names(bodies: Iterable[dict[str, Any]]) -> set[tuple[str, str]]:
+            return {(b["metadata"]["namespace"], b["metadata"]["name"]) for b in bodies}
+
+        cached = {"slices": names(self.caches.all_slices()), "jobs": names(self.caches.jobs())}
+        self._slices_seen.keep_only(lambda key: key in cached["slices"])
+        self._intents.keep_only(lambda seen: seen[1:] in cached[seen[0]])  # (kind, ns, name)

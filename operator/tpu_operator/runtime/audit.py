@@ -52,7 +52,7 @@ RETRY_SECONDS = 5.0
 
 
 class Queue(Protocol):
-    def add(self, key: tuple[str, str], after: float = 0.0) -> None: ...
+    def add(self, key: tuple[str, str], after: float = 0.0, *, urgent: bool = False) -> None: ...
 
 
 class Owner(Protocol):
@@ -70,11 +70,12 @@ class Owner(Protocol):
     def wake_waiting(self) -> None: ...
 
 
-def wake_pod(owner: Owner, pod: PodView) -> None:
-    """Reconcile what a worker pod belongs to: its slice and, for a job's pod, its job."""
-    owner.slices.add((pod.namespace, pod.slice_name))
+def wake_pod(owner: Owner, pod: PodView, *, urgent: bool = False) -> None:
+    """Reconcile what a worker pod belongs to: its slice and, for a job's pod, its job.
+    ``urgent``: the event may end the gang's attempt (``WorkQueue.add``)."""
+    owner.slices.add((pod.namespace, pod.slice_name), urgent=urgent)
     if pod.job_owned:
-        owner.jobs.add((pod.namespace, pod.job_name))
+        owner.jobs.add((pod.namespace, pod.job_name), urgent=urgent)
 
 
 def stale(
@@ -269,7 +270,7 @@ class CacheAudit:
             return
         for (namespace, name, _), value in dropped.items():
             if kind == "pods" and isinstance(value, PodView):
-                wake_pod(owner, value)
+                wake_pod(owner, value, urgent=True)
             elif kind == "slices" and namespace:
                 owner.slices.add((namespace, name))
                 job = slice_job_name(value)
@@ -279,5 +280,5 @@ class CacheAudit:
                 owner.jobs.add((namespace, name))
             elif kind == "nodes":
                 for pod in self.caches.pods_on_node(name):
-                    wake_pod(owner, pod)
+                    wake_pod(owner, pod, urgent=True)
         owner.wake_waiting()

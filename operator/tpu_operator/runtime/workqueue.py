@@ -14,6 +14,9 @@ instead of one per event, each of which looks at every pod of the job. ``spacing
 given, says per key how far apart (at least ``min_interval``): a reconcile that looks at
 every pod of a job costs in proportion to its pods, so spacing its reconciles in
 proportion too keeps its cost per pod the same at any size (``reconcile/pacing.py``).
+The queue counts, per key, the events that asked for it since its last reconcile began,
+and tells ``spacing`` (None once an ``urgent`` event came): a large job waits for enough
+of its pods to change before it looks at all of them again.
 
 A failure is logged as one line per attempt, with the delay before the next one. Errors of
 the ``quiet`` types (failed API requests: they name the request and the apiserver's answer)
@@ -38,6 +41,9 @@ from tpu_operator.runtime.stamps import Stamps
 K = TypeVar("K", bound=Hashable)
 Handler = Callable[[K], Awaitable[float | None]]
 Observer = Callable[[str, float, bool], None]
+Spacing = Callable[[K, int | None], float]
+"""Per key: how far apart its reconciles, given the events since its last reconcile
+began (None: one of them was urgent)."""
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +69,7 @@ class WorkQueue(Generic[K]):
         max_retry: float = 60.0,
         observer: Observer | None = None,
         min_interval: float = 0.0,
-        spacing: Callable[[K], float] | None = None,
+        spacing: Spacing[K] | None = None,
         quiet: tuple[type[Exception], ...] = (),
     ) -> None:
         self.name = name
@@ -83,14 +89,27 @@ class WorkQueue(Generic[K]):
         self._running: set[K] = set()
         self._dirty: set[K] = set()
         self._failures: dict[K, int] = {}
+        self._changes: dict[K, int] = {}
+        """Events for each key since its last reconcile began."""
+        self._urgent: set[K] = set()
+        """Keys asked for by an urgent event since their last reconcile began."""
         self._delayed: list[tuple[float, int, K]] = []
         self._due: dict[K, float] = {}
         self._counter = itertools.count()
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
-    def add(self, key: K, after: float = 0.0) -> None:
-        """Reconcile ``key`` (again), now or after ``after`` seconds."""
+    def add(self, key: K, after: float = 0.0, *, urgent: bool = False) -> None:
+        """Reconcile ``key`` (again), now or after ``after`` seconds. Without a delay this
+        is an event: it counts towards the key's changes (``spacing``); an ``urgent`` one
+        waits for no more of them."""
+        if after <= 0:
+            self._changes[key] = self._changes.get(key, 0) + 1
+            if urgent:
+                self._urgent.add(key)
+        self._schedule(key, after)
+
+    def _schedule(self, key: K, after: float) -> None:
         if after <= 0:
             if key in self._running:
                 self._dirty.add(key)
@@ -117,7 +136,8 @@ class WorkQueue(Generic[K]):
             return 0.0
         wanted = self.min_interval
         if self._spacing_of is not None:
-            wanted = max(wanted, self._spacing_of(key))
+            changes = None if key in self._urgent else self._changes.get(key, 0)
+            wanted = max(wanted, self._spacing_of(key, changes))
         return wanted - age
 
     def __len__(self) -> int:
@@ -142,7 +162,7 @@ class WorkQueue(Generic[K]):
                 due, _, key = heapq.heappop(self._delayed)
                 if self._due.get(key) == due:
                     del self._due[key]
-                    self.add(key)
+                    self._schedule(key, 0.0)
             timeout = self._delayed[0][0] - now if self._delayed else None
             self._wakeup.clear()
             with contextlib.suppress(TimeoutError):
@@ -153,13 +173,15 @@ class WorkQueue(Generic[K]):
             key = await self._ready.get()
             self._queued.discard(key)
             self._running.add(key)
+            self._changes.pop(key, None)  # this reconcile sees them all
+            self._urgent.discard(key)
             started = time.monotonic()
             ok = True
             try:
                 again = await self._handler(key)
                 self._failures.pop(key, None)
                 if again is not None:
-                    self.add(key, max(again, 0.001))
+                    self._schedule(key, max(again, 0.001))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -181,7 +203,7 @@ class WorkQueue(Generic[K]):
                     log.exception(
                         "%s: reconciling %s failed; retrying in %.1f s", self.name, key, delay
                     )
-                self.add(key, delay)
+                self._schedule(key, delay)
             finally:
                 self._running.discard(key)
                 if self.min_interval > 0 or self._spacing_of is not None:
@@ -190,4 +212,4 @@ class WorkQueue(Generic[K]):
                     self._observer(self.name, time.monotonic() - started, ok)
             if key in self._dirty:
                 self._dirty.discard(key)
-                self.add(key)
+                self._schedule(key, 0.0)

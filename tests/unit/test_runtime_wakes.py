@@ -1,0 +1,152 @@
+"""What the runtime's watch handlers wake, and which wakes are urgent: a pod event that
+may end the gang's attempt is not held back by a large job's pacing, an ordinary one is;
+a slice event that moved only its counters does not wake its job (``runtime/app.py``,
+``reconcile/pacing.py``). The Runtime is built on a kubeconfig of an apiserver that is
+never called."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpu_operator import contract
+from tpu_operator.runtime.app import OperatorConfig, Runtime
+from tpu_operator.runtime.caches import identity_of
+from tpu_operator.runtime.listwatch import PODS
+from tpu_operator.state.views import node_view, pod_view
+
+pytestmark = pytest.mark.unit
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:9"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+"""
+
+
+class Wakes:
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple[str, str], bool]] = []
+
+    def add(self, key: tuple[str, str], after: float = 0.0, *, urgent: bool = False) -> None:
+        self.calls.append((key, urgent))
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Any:
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    runtime = Runtime(OperatorConfig(kubeconfig=str(path)), slices={}, jobs={})
+    runtime.acting = True
+    runtime.jobs, runtime.slices = Wakes(), Wakes()  # type: ignore[assignment]
+    return runtime
+
+
+def pod(**status: Any) -> dict[str, Any]:
+    deleting = status.pop("deletionTimestamp", None)
+    return {
+        "metadata": {
+            "name": "j-0-0",
+            "namespace": "ml",
+            "uid": "u0",
+            "labels": {
+                contract.LABEL_SLICE_NAME: "j-0",
+                contract.LABEL_JOB_NAME: "j",
+                contract.LABEL_WORKER_INDEX: "0",
+                contract.LABEL_RESTART_ATTEMPT: "1",
+            },
+            **({"deletionTimestamp": deleting} if deleting else {}),
+        },
+        "spec": {"nodeName": "n0"},
+        "status": {"phase": "Running", **status},
+    }
+
+
+@pytest.mark.parametrize(
+    ("type_", "body", "urgent"),
+    [
+        ("MODIFIED", pod(conditions=[{"type": "Ready", "status": "True"}]), False),
+        ("ADDED", pod(phase="Pending"), False),
+        ("MODIFIED", pod(phase="Failed"), True),
+        ("MODIFIED", pod(phase="Succeeded"), True),
+        ("MODIFIED", pod(deletionTimestamp="2026-11-23T00:00:00Z"), True),
+        ("DELETED", pod(), True),
+    ],
+)
+def test_a_pod_event_wakes_its_slice_and_job_urgently_only_if_it_may_end_the_attempt(
+    runtime: Any, type_: str, body: dict[str, Any], urgent: bool
+) -> None:
+    view = pod_view(body)
+    assert view is not None
+    runtime.pod_watch.store.put(identity_of(body), view, PODS.keys(view, identity_of(body)))
+    runtime.pod_event(type_, view)
+    assert runtime.slices.calls == [(("ml", "j-0"), urgent)]
+    assert runtime.jobs.calls == [(("ml", "j"), urgent)]
+
+
+@pytest.mark.parametrize(("ready", "urgent"), [("True", False), ("False", True)])
+def test_a_node_event_is_urgent_for_its_pods_when_the_node_is_lost(
+    runtime: Any, ready: str, urgent: bool
+) -> None:
+    body = pod()
+    view = pod_view(body)
+    assert view is not None
+    runtime.pod_watch.store.put(identity_of(body), view, PODS.keys(view, identity_of(body)))
+    node = {
+        "metadata": {"name": "n0"},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    }
+    runtime.node_event("MODIFIED", node_view(node))
+    assert (("ml", "j"), urgent) in runtime.jobs.calls
+
+
+def test_a_slice_event_wakes_its_job_only_when_more_than_counters_moved(runtime: Any) -> None:
+    def body(ready: int, phase: str = "Starting") -> dict[str, Any]:
+        return {
+            "metadata": {"name": "j-0", "namespace": "ml", "uid": "s0", "generation": 1},
+            "status": {"phase": phase, "readyWorkers": ready, "message": f"{ready}/64 ready"},
+        }
+
+    key = ("ml", "j-0")
+    assert runtime.slice_news(key, "ADDED", body(0))
+    assert not runtime.slice_news(key, "MODIFIED", body(5))
+    assert not runtime.slice_news(key, None, body(9))  # a re-listing of the same state
+    assert runtime.slice_news(key, "MODIFIED", body(64, "Running"))
+    assert runtime.slice_news(key, "DELETED", body(64, "Running"))
+    assert runtime.slice_news(key, "ADDED", body(0))  # a new slice of the same name
+
+
+def test_an_event_that_only_shows_the_status_the_operator_wrote_asks_for_no_reconcile(
+    runtime: Any,
+) -> None:
+    def body(generation: int = 1, phase: str = "Starting", **meta: Any) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "j", "namespace": "ml", "uid": "u", "generation": generation}
+            | meta,
+            "spec": {"numSlices": generation},
+            "status": {"phase": phase},
+        }
+
+    key = ("ml", "j")
+    assert runtime.asks("jobs", key, "ADDED", body())
+    assert not runtime.asks("jobs", key, "MODIFIED", body(phase="Running"))  # its own write
+    assert runtime.asks("jobs", key, None, body(phase="Running"))  # a listing always asks
+    assert runtime.asks("jobs", key, "MODIFIED", body(generation=2))  # the spec changed
+    assert runtime.asks("jobs", key, "MODIFIED", body(2, labels={"kueue.x-k8s.io/queue-name": "q"}))
+    assert runtime.asks("jobs", key, "MODIFIED", body(2, deletionTimestamp="2026-11-23T00:00:00Z"))
+    assert runtime.asks("slices", key, "MODIFIED", body(2))  # kinds are apart
+    assert runtime.asks("jobs", key, "DELETED", body(2))
+    assert runtime.asks("jobs", key, "MODIFIED", body(2))  # not seen since its deletion
+
+
+def test_housekeeping_forgets_what_was_seen_of_objects_no_longer_cached(runtime: Any) -> None:
+    meta = {"metadata": {"name": "j-0", "namespace": "ml", "uid": "s", "generation": 1}}
+    runtime.asks("slices", ("ml", "j-0"), "ADDED", meta)
+    runtime.slice_news(("ml", "j-0"), "ADDED", meta)
+    runtime.asks("jobs", ("ml", "j"), "ADDED", {"metadata": {"uid": "u"}})
+    runtime._forget_gone()  # nothing is cached: a watch gap deleted them all
+    assert len(runtime._intents) == 0 and len(runtime._slices_seen) == 0
