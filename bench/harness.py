@@ -143,6 +143,14 @@ def api_requests(text: str) -> dict[str, float]:
     }
 
 
+def reconciles(text: str) -> dict[str, float]:
+    """The operator's reconciles so far, by kind (tpu_operator_reconcile_duration_seconds)."""
+    return {
+        kind: counter_total(text, "tpu_operator_reconcile_duration_seconds_count", kind=kind)
+        for kind in ("TPUJob", "TPUSlice")
+    }
+
+
 def memory_mb(pid: int) -> dict[str, float]:
     """Resident memory of a process in MB: ``rss`` now (VmRSS) and ``peak`` (VmHWM, the
     high-water mark since start or since ``reset_peak``)."""
@@ -203,6 +211,9 @@ class Operator(OperatorProcess):
 
     def requests(self) -> dict[str, float]:
         return api_requests(self.metrics())
+
+    def reconciles(self) -> dict[str, float]:
+        return reconciles(self.metrics())
 
     def counters(self) -> dict[str, float]:
         """API requests by verb and watch events by kind, so far."""

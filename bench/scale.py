@@ -207,13 +207,21 @@ async def quiesce(
 
 
 class Meter:
-    """CPU seconds (and, given ``requests``, API requests by verb) of one process per phase."""
+    """CPU seconds (and, given ``requests``, API requests by verb; given ``reconciles``,
+    reconciles by kind) of one process per phase."""
 
-    def __init__(self, pid: int, requests: Callable[[], dict[str, float]] | None = None) -> None:
+    def __init__(
+        self,
+        pid: int,
+        requests: Callable[[], dict[str, float]] | None = None,
+        reconciles: Callable[[], dict[str, float]] | None = None,
+    ) -> None:
         self.pid = pid
         self.requests = requests
+        self.reconciles = reconciles
         self._cpu = harness.cpu_seconds(pid)
         self._requests = requests() if requests else {}
+        self._reconciles = reconciles() if reconciles else {}
 
     def phase(self) -> dict[str, Any]:
         """What the process spent since the last call (or since it was made)."""
@@ -226,6 +234,10 @@ class Meter:
             delta["total"] = sum(delta.values())
             out["requests"] = delta
             self._requests = current
+        if self.reconciles is not None:
+            current = self.reconciles()
+            out["reconciles"] = harness.deltas(current, self._reconciles)
+            self._reconciles = current
         return out
 
 
@@ -308,7 +320,7 @@ async def trial_operator(
     profiler = await harness.profile(operator.pid, bench.profile, f"{name}.txt")
     components = Components(bench.cluster)
     harness.reset_peak(operator.pid)
-    meter = Meter(operator.pid, operator.requests)
+    meter = Meter(operator.pid, operator.requests, operator.reconciles)
     try:
         result = await operator_phases(
             bench, operator, pods, jobs, meter, namespace, name, hosts, timeout
