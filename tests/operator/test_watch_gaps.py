@@ -1,13 +1,15 @@
 """Watch gaps: the kube-apiserver is SIGKILLed and restarted under a running operator.
 
-While it is down every watch of the operator breaks; when it is back, kopf watches again
+While it is down every watch of the operator breaks; when it is back, each watches again
 from its last resourceVersion, gets 410 Gone (a restarted apiserver's watch cache starts
-at etcd's current revision) and lists again, and objects deleted before that new list never
-reach the operator as DELETED events. Two moments where that hurts:
+at etcd's current revision) and lists again. Objects deleted before that new list get no
+DELETED event: the pod and node watches drop what their new list lacks
+(``runtime/listwatch.py``), the cache audit does it for kopf's TPUJobs and TPUSlices
+(``runtime/audit.py``). Two moments where that hurts:
 
-- a gang restart: the old attempt's pods end right as the apiserver is back. Without the
-  cache audit (``runtime/audit.py``) the job waited forever "for 15 pods of the previous
-  attempt to stop" that no longer existed (the issue's report);
+- a gang restart: the old attempt's pods end right as the apiserver is back. When the pods
+  were kopf's, the job waited forever "for 15 pods of the previous attempt to stop" that
+  no longer existed (the issue's report);
 - pod creation: the operator is cut off halfway through its POSTs.
 
 Either way the operator must create what is missing within seconds of the apiserver's

@@ -144,50 +144,47 @@ def test_stale_are_the_cached_objects_the_list_lacks() -> None:
 
 def test_forget_drops_an_object_under_every_key_of_kopfs_index() -> None:
     indexes = Indexes()
-    indexes.put("pods", pod("train-0-0", "p1", worker=0, node="n-0"))
-    indexes.put("pods", pod("train-0-1", "p2", worker=1, node="n-1"))
+    indexes.put("slices", slice_("train-0", "s1", "train"))
+    indexes.put("slices", slice_("train-1", "s2", "train"))
     caches = indexes.caches()
-    caches.forget("pods", (NS, "train-0-0", "p1"))
-    assert [p.name for p in caches.pods_of_slice(NS, "train-0")] == ["train-0-1"]
-    assert [p.name for p in caches.pods_of_job(NS, "train")] == ["train-0-1"]
-    assert caches.pods_on_node("n-0") == []
-    assert [p.name for p in caches.pods_in_pool("pool-a")] == ["train-0-1"]
-    caches.forget("pods", (NS, "train-0-0", "p1"))  # twice: a DELETED event came late
-    caches.forget("pods", (NS, "train-0-1", "p2"))
-    assert list(caches.pinned_pools()) == []
+    caches.forget("slices", (NS, "train-0", "s1"))
+    assert caches.slice(NS, "train-0") is None
+    assert [s["metadata"]["name"] for s in caches.slices_of_job(NS, "train")] == ["train-1"]
+    caches.forget("slices", (NS, "train-0", "s1"))  # twice: a DELETED event came late
+    caches.forget("slices", (NS, "train-1", "s2"))
+    assert caches.slices_of_job(NS, "train") == [] and list(caches.all_slices()) == []
+    with pytest.raises(ValueError, match="pods"):
+        caches.entries("pods")  # the pod watch heals itself (runtime/listwatch.py)
 
 
 def test_audit_drops_what_the_api_no_longer_has_and_wakes_its_owners() -> None:
     indexes = Indexes()
-    for body in (pod("train-0-0", "p1"), pod("train-0-1", "p2", worker=1, node="n-1")):
-        indexes.put("pods", body)
+    indexes.put("pods", pod("train-0-0", "p1"))
     indexes.put("nodes", node("n-0", "nu0"))
-    indexes.put("nodes", node("n-1", "nu1"))
     indexes.put("jobs", job("train", "j1"))
     indexes.put("jobs", job("gone", "j2"))
     indexes.put("slices", slice_("train-0", "s1", "train"))
     indexes.put("slices", slice_("gone-0", "s2", "gone"))
-    kube = FakeKube({"pods": {"p2"}, "nodes": {"nu0"}, "jobs": {"j1"}, "slices": {"s1"}})
+    indexes.put("slices", slice_("lost-0", "s3", "train"))
+    kube = FakeKube({"jobs": {"j1"}, "slices": {"s1"}})
     auditor, caches, owner = make_audit(indexes, kube)
 
     result = asyncio.run(auditor.audit("test"))
 
     assert result.dropped == {
-        "pods": [(NS, "train-0-0", "p1")],
-        "slices": [(NS, "gone-0", "s2")],
+        "slices": [(NS, "gone-0", "s2"), (NS, "lost-0", "s3")],
         "jobs": [(NS, "gone", "j2")],
-        "nodes": [(None, "n-1", "nu1")],
     }
-    assert [p.name for p in caches.pods_of_job(NS, "train")] == ["train-0-1"]
-    assert caches.node("n-1") is None and [n.name for n in caches.tpu_nodes()] == ["n-0"]
     assert caches.job(NS, "gone") is None and caches.slice(NS, "gone-0") is None
     assert caches.slices_of_job(NS, "gone") == []
-    assert set(caches.tombstones.of_slice(NS, "train-0", 1)) == {"train-0-0"}
-    assert set(owner.jobs.keys) == {(NS, "train"), (NS, "gone")}
-    # train-0: its pod vanished, and a pod of it ran on the vanished node n-1
-    assert set(owner.slices.keys) == {(NS, "train-0"), (NS, "gone-0")}
+    assert [s["metadata"]["name"] for s in caches.slices_of_job(NS, "train")] == ["train-0"]
+    # The pod and node watches heal themselves (their re-lists): not listed, not judged.
+    assert [p.name for p in caches.pods_of_job(NS, "train")] == ["train-0-0"]
+    assert [n.name for n in caches.tpu_nodes()] == ["n-0"]
+    assert set(owner.jobs.keys) == {(NS, "train"), (NS, "gone")}  # lost-0 was train's
+    assert set(owner.slices.keys) == {(NS, "gone-0"), (NS, "lost-0")}
     assert owner.woken >= 1
-    assert "1 pods (ml/train-0-0)" in result.describe()
+    assert "2 slices (ml/gone-0, ml/lost-0)" in result.describe()
 
     again = asyncio.run(auditor.audit("again"))
     assert again.dropped == {}
@@ -195,14 +192,15 @@ def test_audit_drops_what_the_api_no_longer_has_and_wakes_its_owners() -> None:
 
 def test_objects_cached_after_the_list_was_requested_are_kept() -> None:
     indexes = Indexes()
-    indexes.put("pods", pod("train-0-0", "p1"))
-    kube = FakeKube({"pods": {"p1"}})
+    indexes.put("slices", slice_("train-0", "s1", "train"))
+    kube = FakeKube({"slices": {"s1"}})
     auditor, caches, _ = make_audit(indexes, kube)
     # Created after the apiserver answered the list, indexed before the comparison.
-    kube.during["pods"] = lambda: indexes.put("pods", pod("train-0-1", "p2", worker=1))
+    kube.during["slices"] = lambda: indexes.put("slices", slice_("train-1", "s2", "train"))
     result = asyncio.run(auditor.audit("test"))
-    assert "pods" not in result.dropped
-    assert {p.name for p in caches.pods_of_slice(NS, "train-0")} == {"train-0-0", "train-0-1"}
+    assert "slices" not in result.dropped
+    names = {s["metadata"]["name"] for s in caches.slices_of_job(NS, "train")}
+    assert names == {"train-0", "train-1"}
 
 
 def test_start_up_asks_whether_any_job_or_slice_exists() -> None:
@@ -215,31 +213,27 @@ def test_start_up_asks_whether_any_job_or_slice_exists() -> None:
 
 def test_a_standby_heals_its_caches_but_enqueues_nothing() -> None:
     indexes = Indexes()
-    indexes.put("pods", pod("train-0-0", "p1"))
+    indexes.put("slices", slice_("train-0", "s1", "train"))
     auditor, caches, owner = make_audit(indexes, FakeKube({}), Owner(acting=False))
     asyncio.run(auditor.audit("test"))
-    assert caches.pods_of_slice(NS, "train-0") == []
-    assert set(caches.tombstones.of_slice(NS, "train-0", 1)) == {"train-0-0"}
+    assert caches.slices_of_job(NS, "train") == []
     assert owner.jobs.keys == [] and owner.slices.keys == [] and owner.woken == 0
 
 
-def test_audit_lists_what_the_watches_watch() -> None:
+def test_audit_lists_what_kopf_watches() -> None:
     kube = FakeKube({})
     auditor, _, _ = make_audit(Indexes(), kube, namespaces=["a", "b"])
     asyncio.run(auditor.audit("test"))
     group = f"/apis/{contract.GROUP}/{contract.VERSION}"
     assert kube.calls == [
-        ("/api/v1/namespaces/a/pods", contract.LABEL_SLICE_NAME),
-        ("/api/v1/namespaces/b/pods", contract.LABEL_SLICE_NAME),
         (f"{group}/namespaces/a/{contract.SLICE_PLURAL}", None),
         (f"{group}/namespaces/b/{contract.SLICE_PLURAL}", None),
         (f"{group}/namespaces/a/{contract.JOB_PLURAL}", None),
         (f"{group}/namespaces/b/{contract.JOB_PLURAL}", None),
-        ("/api/v1/nodes", contract.NODE_LABEL_ACCELERATOR),
     ]
     everywhere = FakeKube({})
     asyncio.run(make_audit(Indexes(), everywhere)[0].audit("test"))
-    assert everywhere.calls[0] == ("/api/v1/pods", contract.LABEL_SLICE_NAME)
+    assert everywhere.calls[0] == (f"{group}/{contract.SLICE_PLURAL}", None)
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -255,7 +249,7 @@ def test_an_audit_follows_relists_and_the_api_answering_again(
 ) -> None:
     monkeypatch.setattr(audit, "SETTLE_SECONDS", 0.01)
     indexes = Indexes()
-    indexes.put("pods", pod("train-0-0", "p1"))
+    indexes.put("jobs", job("train", "j1"))
 
     async def scenario() -> list[str]:
         auditor, caches, _ = make_audit(indexes, FakeKube({}))
@@ -271,14 +265,14 @@ def test_an_audit_follows_relists_and_the_api_answering_again(
             await until(lambda: auditor.audits >= 1)
             reasons.append(auditor.last.reason if auditor.last else "")
             for _ in range(3):  # a burst of re-listed objects: one audit
-                auditor.listed("pods")
+                auditor.listed("jobs")
             await until(lambda: auditor.audits >= 2)
             await asyncio.sleep(0.05)
             reasons.append(auditor.last.reason if auditor.last else "")
             assert auditor.audits == 2
-            assert caches.pods_of_slice(NS, "train-0") == []
+            assert caches.job(NS, "train") is None
         finally:
             await auditor.stop()
         return reasons
 
-    assert asyncio.run(scenario()) == ["the API answers again", "pods listed again"]
+    assert asyncio.run(scenario()) == ["the API answers again", "jobs listed again"]

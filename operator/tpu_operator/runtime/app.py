@@ -32,7 +32,7 @@ from tpu_operator.reconcile.pacing import LastSeen, intent, material_slice, reco
 from tpu_operator.reconcile.slices import SliceReconciler
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime import collector
-from tpu_operator.runtime.audit import CacheAudit, Source, wake_pod
+from tpu_operator.runtime.audit import CacheAudit, Source
 from tpu_operator.runtime.caches import Caches, Index
 from tpu_operator.runtime.collector import DEFAULT_THRESHOLD
 from tpu_operator.runtime.control import ControlChannel, load_master_key
@@ -243,12 +243,19 @@ class Runtime:
             self.caches.tombstones.record(view)  # a standby keeps them too
         if not self.acting:
             return
-        wake_pod(self, view, urgent=type == "DELETED" or may_end_attempt(view))
+        self._wake_pod(view, urgent=type == "DELETED" or may_end_attempt(view))
         # A pool changes hands when the last pod on it is gone: wake whoever waits for one
         # now rather than at their next periodic retry.
         freed = view.pool and (type == "DELETED" or view.terminal)
         if freed and not any(p.active for p in self.caches.pods_in_pool(view.pool or "")):
             self.wake_waiting()
+
+    def _wake_pod(self, pod: PodView, *, urgent: bool) -> None:
+        """Reconcile what a worker pod belongs to: its slice and, for a job's pod, its job.
+        ``urgent``: the event may end the gang's attempt (``WorkQueue.add``)."""
+        self.slices.add((pod.namespace, pod.slice_name), urgent=urgent)
+        if pod.job_owned:
+            self.jobs.add((pod.namespace, pod.job_name), urgent=urgent)
 
     def asks(self, kind: str, key: tuple[str, str], type: str | None, body: Any) -> bool:
         """Whether an event of a TPUJob or TPUSlice asks for its own reconcile: not when
@@ -275,7 +282,7 @@ class Runtime:
             return
         lost = type == "DELETED" or not view.ready or view.disruption_notice is not None
         for pod in self.caches.pods_on_node(view.name):
-            wake_pod(self, pod, urgent=lost)
+            self._wake_pod(pod, urgent=lost)
         self.wake_waiting()
 
     def _nodes_listed(self, _count: int) -> None:

@@ -12,19 +12,22 @@ apiserver restart during a gang restart that was a job waiting forever for "16 p
 previous attempt" that no longer existed; the periodic resync did not help, since the
 reconcilers read the same caches.
 
-The audit lists each watched kind (metadata only, the same label selectors as the
-watches) and drops the cached objects whose UID the list does not have, then wakes what
-depended on them. Which objects are stale is decided by ``stale``, a pure function: only
-objects cached *before* the list was requested are judged, since one created after it may
-be cached but not listed. It runs:
+The audit lists the kinds kopf watches (TPUJobs and TPUSlices, metadata only) and drops
+the cached objects whose UID the list does not have, then wakes what depended on them.
+Worker pods and TPU nodes, the operator's own list-and-watch (``runtime/listwatch.py``),
+heal themselves: their re-list drops what it lacks, with a DELETED event each. Listing
+them here too cost a list of every worker pod and TPU node a minute (25,472 objects with
+one 12,736-host job), paid by the operator and the apiserver alike. Which objects are
+stale is decided by ``stale``, a pure function: only objects cached *before* the list was
+requested are judged, since one created after it may be cached but not listed. It runs:
 
 - shortly after kopf lists a resource again (the ``on.event`` handlers see ``type=None``
   events: the initial listing at start-up, and every re-list after a watch gap);
 - shortly after the API answers again following failed requests of the operator's own;
 - every ``period`` seconds (an emptied collection re-lists without any event).
 
-An audit costs one paged metadata-only list per kind (a few KB per object), nothing when
-nothing was triggered but the periodic one.
+An audit costs one paged metadata-only list per kind and namespace (about 1 KB per
+TPUJob or TPUSlice).
 """
 
 from __future__ import annotations
@@ -38,9 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tpu_operator import contract
-from tpu_operator.runtime.caches import KINDS, Caches, Identity, slice_job_name
+from tpu_operator.runtime.caches import Caches, Identity, slice_job_name
 from tpu_operator.runtime.kube import ApiError, Kube, RequestRecord, namespaced
-from tpu_operator.state.views import PodView
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ RETRY_SECONDS = 5.0
 
 
 class Queue(Protocol):
-    def add(self, key: tuple[str, str], after: float = 0.0, *, urgent: bool = False) -> None: ...
+    def add(self, key: tuple[str, str], after: float = 0.0) -> None: ...
 
 
 class Owner(Protocol):
@@ -68,14 +70,6 @@ class Owner(Protocol):
     def slices(self) -> Queue: ...
 
     def wake_waiting(self) -> None: ...
-
-
-def wake_pod(owner: Owner, pod: PodView, *, urgent: bool = False) -> None:
-    """Reconcile what a worker pod belongs to: its slice and, for a job's pod, its job.
-    ``urgent``: the event may end the gang's attempt (``WorkQueue.add``)."""
-    owner.slices.add((pod.namespace, pod.slice_name), urgent=urgent)
-    if pod.job_owned:
-        owner.jobs.add((pod.namespace, pod.job_name), urgent=urgent)
 
 
 def stale(
@@ -113,14 +107,11 @@ class Source:
 
 
 SOURCES = {
-    "pods": Source("pods", "pods", label_selector=contract.LABEL_SLICE_NAME),
     "slices": Source("slices", contract.SLICE_PLURAL, contract.GROUP, contract.VERSION),
     "jobs": Source("jobs", contract.JOB_PLURAL, contract.GROUP, contract.VERSION),
-    "nodes": Source(
-        "nodes", "nodes", namespaced=False, label_selector=contract.NODE_LABEL_ACCELERATOR
-    ),
 }
-"""The same objects as kopf's watches (``controllers.operator_settings``)."""
+"""The same objects as kopf's watches (``controllers.operator_settings``): the kinds the
+audit lists."""
 
 
 @dataclass
@@ -236,10 +227,10 @@ class CacheAudit:
         return False
 
     async def audit(self, reason: str = "requested") -> AuditResult:
-        """List every watched kind; drop the cached objects the API no longer has."""
+        """List the kinds kopf watches; drop the cached objects the API no longer has."""
         started = time.monotonic()
         result = AuditResult(reason)
-        for kind in KINDS:
+        for kind in SOURCES:
             before = self.caches.entries(kind)  # strictly before the list is requested
             source = SOURCES[kind]
             listed: set[str] = set()
@@ -262,23 +253,15 @@ class CacheAudit:
 
     def _wake(self, kind: str, dropped: Mapping[Identity, Any]) -> None:
         """What a DELETED event of each dropped object would have woken."""
-        if kind == "pods":
-            for view in dropped.values():
-                self.caches.tombstones.record(view)  # why a worker vanished, as on DELETED
         owner = self.owner
         if not owner.acting:
             return
         for (namespace, name, _), value in dropped.items():
-            if kind == "pods" and isinstance(value, PodView):
-                wake_pod(owner, value, urgent=True)
-            elif kind == "slices" and namespace:
+            if kind == "slices" and namespace:
                 owner.slices.add((namespace, name))
                 job = slice_job_name(value)
                 if job:
                     owner.jobs.add((namespace, job))
             elif kind == "jobs" and namespace:
                 owner.jobs.add((namespace, name))
-            elif kind == "nodes":
-                for pod in self.caches.pods_on_node(name):
-                    wake_pod(owner, pod, urgent=True)
         owner.wake_waiting()

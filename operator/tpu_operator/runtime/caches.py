@@ -110,7 +110,7 @@ class Caches:
         self._jobs = jobs
         self._nodes = nodes
         self.tombstones = Tombstones()
-        self._indexes = {"pods": pods, "slices": slices, "jobs": jobs, "nodes": nodes}
+        self._kopf_indexes = {"slices": slices, "jobs": jobs}
         self._workloads: Index | None = None
         self._node_snapshot: NodeSnapshot | None = None
 
@@ -131,37 +131,21 @@ class Caches:
 
     # Audit
     def entries(self, kind: str) -> dict[Identity, Any]:
-        """Every cached object of ``kind`` by identity, with its cached value (PodView,
-        TPUSlice or TPUJob body; for nodes the NodeView, or None if only its UID is)."""
-        found: dict[Identity, Any] = {}
-        if kind == "pods":
-            for key, store in list(self._pods.items()):
-                if key[0] == "slice":
-                    for view in store:
-                        found[(view.namespace, view.name, view.uid)] = view
-        elif kind in ("slices", "jobs"):
-            bodies = self.all_slices() if kind == "slices" else self.jobs()
-            for body in list(bodies):
-                found[identity_of(body)] = body
-        elif kind == "nodes":
-            for key, store in list(self._nodes.items()):
-                if key[0] == "uid":
-                    for uid in store:
-                        found[(None, key[1], uid)] = self.node(key[1])
-        else:
-            raise ValueError(f"unknown kind {kind!r}")
-        return found
+        """Every cached TPUSlice or TPUJob (``kind``: the kinds kopf watches) by identity,
+        with its body."""
+        if kind not in ("slices", "jobs"):
+            raise ValueError(f"only kopf's kinds are audited, not {kind!r}")
+        bodies = self.all_slices() if kind == "slices" else self.jobs()
+        return {identity_of(body): body for body in list(bodies)}
 
     def forget(self, kind: str, identity: Identity) -> None:
-        """Drop an object from ``kind``'s index under every key, as its DELETED event
-        would have (the watch that should have delivered it was interrupted)."""
-        index = self._indexes[kind]
+        """Drop a TPUSlice or TPUJob from kopf's index under every key, as its DELETED
+        event would have (the watch that should have delivered it was interrupted)."""
+        index = self._kopf_indexes[kind]
         discard = getattr(index, "_discard", None)
         if discard is None:
             raise TypeError(f"{type(index).__name__} cannot drop entries (kopf changed?)")
         discard(identity)
-        if kind == "nodes":
-            self.nodes_changed()
 
     # TPUJobs
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
