@@ -72,8 +72,11 @@ class OperatorConfig:
     progress_publish_seconds: float = 30.0
     """At most one progress write per running job per this many seconds."""
     reconcile_min_interval: float = 0.1
+    """Seconds between two event-triggered reconciles of one object (more for an object
+    of over 1,000 pods: ``reconcile/pacing.py``)."""
     gc_threshold: int = DEFAULT_THRESHOLD
-    """Seconds between two event-triggered reconciles of one object."""
+    """Net allocations between two young-generation garbage collections
+    (``runtime/collector.py``)."""
     audit_seconds: float = 60.0
     """Seconds between two audits of the watch caches against the API, besides the ones
     after every watch gap (``runtime/audit.py``)."""

@@ -303,9 +303,9 @@ class Kube:
     ) -> list[dict[str, Any]]:
         """The identity of every object of a collection: its metadata's ``LISTED_FIELDS``
         (paged; no specs or statuses, so a list of worker pods costs a fraction of a full
-        list). Only those fields are kept: the audit lists every pod, node, job and slice
-        each minute, and whole metadata (managedFields, kubectl's last-applied manifest)
-        held for 10,000 pods was tens of MB at once. Metadata has a fixed schema with
+        list). Only those fields are kept: whole metadata (managedFields, kubectl's
+        last-applied manifest, a job's whole manifest again) of every listed object was
+        held at once. Metadata has a fixed schema with
         64-bit integers, so orjson decodes it whatever the kind."""
         items: list[dict[str, Any]] = []
         query: dict[str, str] = {"limit": str(limit)}
