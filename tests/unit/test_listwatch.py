@@ -147,13 +147,14 @@ def test_attempts_of_a_job_are_the_same_from_the_counts_and_from_its_pods(pods):
     assert set(by_counts) == set(by_pods) == {attempt for _, attempt in pods}
 
 
-def test_caches_forget_drops_a_pod_through_the_store():
+def test_a_discarded_pod_leaves_every_key_of_the_store():
     store = Store()
     caches = Caches(pods=store, slices={}, jobs={}, nodes={})
     put(store, pod("j-0-0", "u0", node="n1"))
-    assert list(caches.entries("pods")) == [(NS, "j-0-0", "u0")]
-    caches.forget("pods", (NS, "j-0-0", "u0"))
-    assert caches.entries("pods") == {} and caches.pods_on_node("n1") == []
+    assert [p.name for p in caches.pods_on_node("n1")] == ["j-0-0"]
+    store.discard((NS, "j-0-0", "u0"))
+    assert caches.pods_on_node("n1") == [] and caches.pods_of_slice(NS, "j-0") == []
+    assert caches.pods_of_job(NS, "j") == [] and len(store) == 0
 
 
 @pytest.mark.parametrize(
@@ -306,8 +307,8 @@ def test_nodes_are_cluster_scoped_and_filed_by_name_pool_and_uid():
     w._apply(line("ADDED", node), "2")
     caches = Caches(pods=Store(), slices={}, jobs={}, nodes=store)
     assert caches.node("n1") is not None and caches.node("n1").pool == "p1"
-    assert list(caches.entries("nodes")) == [(None, "n1", "nu1")]
-    caches.forget("nodes", (None, "n1", "nu1"))
+    w._apply(line("DELETED", node), "3")
+    caches.nodes_changed()  # as the runtime's node_event does first
     assert caches.node("n1") is None and len(store) == 0
 
 

@@ -53,15 +53,3 @@ def test_derived_values_are_computed_once_per_snapshot():
     caches.nodes_changed()
     assert sorted(caches.from_nodes("pools", build)) == ["p1", "p2", "p3"]
     assert calls == [2, 3]
-
-
-def test_forgetting_a_node_drops_the_snapshot():
-    class Index(dict[Any, list[Any]]):
-        def _discard(self, identity: Any) -> None:
-            self.pop(("node", identity[1]), None)
-
-    index = Index({("node", "a"): [node("a")], ("node", "b"): [node("b")]})
-    caches = Caches(pods={}, slices={}, jobs={}, nodes=index)
-    assert caches.node("b") is not None
-    caches.forget("nodes", (None, "b", "uid-b"))
-    assert caches.node("b") is None

@@ -50,20 +50,22 @@ def test_a_burst_for_one_key_is_one_reconcile_and_one_rerun_for_changes_during_i
 def test_events_within_min_interval_wait_for_the_rest_of_it():
     async def scenario() -> list[float]:
         handler = Recorder()
-        queue: WorkQueue[str] = WorkQueue("t", handler, min_interval=0.3)
+        queue: WorkQueue[str] = WorkQueue("t", handler, min_interval=0.5)
         queue.start()
         queue.add("a")
         await asyncio.sleep(0.05)
-        for _ in range(20):  # a burst right after the first reconcile
+        # A burst right after the first reconcile, well within the interval even on a
+        # loaded machine (a burst that outlasts it would rightly make a third reconcile).
+        for _ in range(10):
             queue.add("a")
             await asyncio.sleep(0.005)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.8)
         await queue.stop()
         return [t for _, t in handler.calls]
 
     times = run(scenario())
     assert len(times) == 2
-    assert times[1] - times[0] >= 0.29
+    assert times[1] - times[0] >= 0.49
 
 
 def test_per_key_spacing_holds_a_large_key_back_and_leaves_small_ones_at_the_minimum():
