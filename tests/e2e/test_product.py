@@ -279,6 +279,12 @@ def sane(title: str, values: list[float]) -> bool:
     counted twice would still be far above the bound."""
     if not values or not all(math.isfinite(v) for v in values):
         return False
+    if title.startswith("Where worker time goes"):
+        # The workers add a phase's seconds when the phase ends, a whole step at a time,
+        # so a 30 s rate overshoots by a step's length (seconds on two loaded cores: 1.49
+        # seen). Only its sign is checked until the phase counters advance while a
+        # phase runs.
+        return all(v >= 0 for v in values)
     if "MFU" in title or "Goodput" in title or "fraction" in title:
         return all(0 <= v <= 1.2 for v in values)
     return all(v >= 0 for v in values)
