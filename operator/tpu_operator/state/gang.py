@@ -262,7 +262,7 @@ def assess(
     for member in members:
         if member.slice_index != counted_slice:  # members come slice by slice
             counted_slice = member.slice_index
-            count = slices.get(counted_slice) or slices.setdefault(counted_slice, SliceCount())
+            count = slices.setdefault(counted_slice, SliceCount())
         count.total += 1
         pod = by_name.get(member.name)
         if pod is None:
