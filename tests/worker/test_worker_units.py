@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
@@ -16,7 +17,7 @@ from tpu_worker import cli, peak
 from tpu_worker.accounting import Accountant, Intervals
 from tpu_worker.config import ContractError, read_contract
 from tpu_worker.dns import ResolveTimeout, wait_for_name
-from tpu_worker.metrics import WorkerMetrics
+from tpu_worker.metrics import PhaseSeconds, WorkerMetrics
 from tpu_worker.reporting import Reporter
 from tpu_worker.watchdog import Watchdog, threshold
 
@@ -166,6 +167,124 @@ def test_phases_on_other_threads_do_not_shorten_the_step() -> None:
     clock.now += 1.0
     accountant.end_step()
     assert seen == {"data_wait": 1.0, "step": 2.0}
+
+
+def test_open_frames_count_what_they_own_so_far() -> None:
+    clock = FakeClock()
+    seen: dict[str, float] = {}
+    accountant = Accountant(lambda p, s: seen.__setitem__(p, seen.get(p, 0) + s), "step", clock)
+    assert accountant.open_seconds() == {}  # before the loop, no step interval runs
+    accountant.start_loop()
+    clock.now += 1.0
+    outer = accountant.open("checkpoint_save")
+    clock.now += 2.0
+    inner = accountant.open("data_wait")
+    clock.now += 0.5
+    assert accountant.open_seconds() == pytest.approx(
+        {"step": 1.0, "checkpoint_save": 2.0, "data_wait": 0.5}
+    )
+    accountant.close(inner)
+    clock.now += 0.25
+    assert accountant.open_seconds() == pytest.approx({"step": 1.0, "checkpoint_save": 2.25})
+    accountant.close(outer)
+    clock.now += 3.0
+    assert accountant.open_seconds() == pytest.approx({"step": 4.0})
+    accountant.end_step()
+    assert seen == pytest.approx({"data_wait": 0.5, "checkpoint_save": 2.25, "step": 4.0})
+    clock.now += 1.5
+    accountant.end_loop()
+    clock.now += 9.0
+    assert accountant.open_seconds() == {}  # the tail after the last step is no step's
+
+
+def test_open_frames_on_other_threads_count_in_their_phase() -> None:
+    clock = FakeClock()
+    accountant = Accountant(lambda p, s: None, "step", clock)
+    accountant.start_loop()
+    opened, release = threading.Event(), threading.Event()
+
+    def saver() -> None:
+        frame = accountant.open("checkpoint_save")
+        opened.set()
+        release.wait(5)
+        accountant.close(frame)
+
+    thread = threading.Thread(target=saver)
+    thread.start()
+    assert opened.wait(5)
+    clock.now += 2.0
+    # Concurrent with the loop: counted in its phase, taken out of nothing.
+    assert accountant.open_seconds() == pytest.approx({"step": 2.0, "checkpoint_save": 2.0})
+    release.set()
+    thread.join()
+    assert accountant.open_seconds() == pytest.approx({"step": 2.0})
+
+
+def test_phase_counters_advance_by_no_more_than_wall_time_between_scrapes() -> None:
+    """What a dashboard's rate() of the phase counters relies on: between any two scrapes,
+    every series is monotonic and together they advance by at most the wall time between
+    them (a counter that jumped by a whole phase at its end would exceed it)."""
+    rng = random.Random(20261124)
+    clock = FakeClock()
+    seconds = PhaseSeconds(["step"])
+    accountant = Accountant(seconds.add, "step", clock)
+    seconds.follow(accountant.open_seconds)
+    accountant.start_loop()
+    last_time, last = clock.now, seconds._values()
+    open_frames: list[object] = []
+    for _ in range(2000):
+        action = rng.random()
+        if action < 0.2 and len(open_frames) < 3:
+            open_frames.append(accountant.open(rng.choice(["data_wait", "checkpoint_save"])))
+        elif action < 0.4 and open_frames:
+            accountant.close(open_frames.pop())  # type: ignore[arg-type]
+        elif action < 0.5 and not open_frames:
+            accountant.end_step()
+        clock.now += rng.expovariate(1.0)
+        if rng.random() < 0.3:
+            values = seconds._values()
+            advanced = sum(values.get(p, 0.0) - last.get(p, 0.0) for p in values)
+            assert all(values[p] >= last.get(p, 0.0) for p in values)
+            assert advanced <= clock.now - last_time + 1e-9
+            last_time, last = clock.now, values
+    # And nothing is lost: the counters hold the whole wall time of the loop.
+    while open_frames:
+        accountant.close(open_frames.pop())  # type: ignore[arg-type]
+    accountant.end_step()
+    assert sum(seconds._values().values()) == pytest.approx(clock.now - 100.0)
+
+
+def test_phase_counters_never_go_back() -> None:
+    live = {"step": 5.0}
+    seconds = PhaseSeconds(["step", "compile"])
+    seconds.follow(lambda: live)
+    assert seconds.value("step") == 5.0
+    # A compile span reported after the fact is taken out of the open step interval.
+    live["step"] = 2.0
+    seconds.add("compile", 3.0)
+    assert (seconds.value("step"), seconds.value("compile")) == (5.0, 3.0)
+    live["step"] = 6.0
+    assert seconds.value("step") == 6.0
+
+
+def test_a_running_phase_shows_in_a_scrape_before_it_ends() -> None:
+    reporter = Reporter()
+    reporter.start_loop()
+
+    def scraped(phase: str) -> float:
+        text = generate_latest(reporter.metrics.registry).decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "tpu_worker_phase_seconds_total" and (
+                    sample.labels["phase"] == phase
+                ):
+                    return sample.value
+        raise AssertionError(f"no phase {phase} in {text}")
+
+    with reporter.checkpoint_save():
+        reporter._accountant._stacks[threading.get_ident()][-1].start -= 30.0  # 30 s in
+        assert scraped("checkpoint_save") >= 30.0
+    assert 30.0 <= scraped("checkpoint_save") < 31.0
 
 
 def test_reporter_exports_steps_and_median() -> None:

@@ -8,6 +8,13 @@ innermost one owns a second, so no second is counted twice and the phases add up
 wall time the training loop spent. Time a phase measures on a thread other than the
 training loop's runs concurrently with the loop: it is counted in its phase but taken out
 of nothing.
+
+Open intervals count too: ``open_seconds()`` says how many seconds each open frame owns so
+far, so that the exported counters advance while a phase runs rather than by a whole step
+or checkpoint when it ends (a rate over a window shorter than a phase would otherwise show
+more than 100 % of wall time for that phase). What an open frame shows never exceeds what
+it owns when it closes, except when seconds measured elsewhere (a compile span reported
+after the fact) are taken out of it later; the exporter keeps its counters monotonic.
 """
 
 from __future__ import annotations
@@ -71,19 +78,24 @@ class Accountant:
         self._step_phase = step_phase
         self._clock = clock
         self._lock = threading.Lock()
-        self._local = threading.local()
+        # Every thread's open frames, by thread ident, so that a scrape on another thread can
+        # read them; changed only with the lock held.
+        self._stacks: dict[int, list[Frame]] = {}
         self._root = Frame(step_phase, clock())
         self._loop_thread: int | None = None
         self._compile_spans = Intervals()
 
     def _stack(self) -> list[Frame]:
-        stack: list[Frame] | None = getattr(self._local, "stack", None)
+        """The calling thread's open frames (call with the lock held)."""
+        ident = threading.get_ident()
+        stack = self._stacks.get(ident)
         if stack is None:
-            stack = self._local.stack = []
+            stack = self._stacks[ident] = []
         return stack
 
     def _innermost(self) -> Frame | None:
-        stack = self._stack()
+        """The frame that owns the calling thread's time now (call with the lock held)."""
+        stack = self._stacks.get(threading.get_ident())
         if stack:
             return stack[-1]
         if threading.get_ident() == self._loop_thread:
@@ -96,26 +108,62 @@ class Accountant:
             self._loop_thread = threading.get_ident()
             self._root = Frame(self._step_phase, self._clock())
 
+    def end_loop(self) -> None:
+        """The training loop returned: the open step interval is dropped, not counted."""
+        with self._lock:
+            self._loop_thread = None
+            self._root = Frame(self._step_phase, self._clock())
+
     def open(self, phase: str) -> Frame:
-        frame = Frame(phase, self._clock())
-        self._stack().append(frame)
+        with self._lock:
+            frame = Frame(phase, self._clock())
+            self._stack().append(frame)
         return frame
 
     def close(self, frame: Frame) -> float:
         """Close ``frame`` (and anything left open inside it); return its duration."""
-        now = self._clock()
-        stack = self._stack()
-        while stack:
-            top = stack.pop()
-            own = top.close(now)
-            with self._lock:
+        closed: list[tuple[str, float]] = []
+        with self._lock:
+            # Popping a frame and moving its seconds into its parent happen under one lock,
+            # so that open_seconds() never sees them in both or in neither.
+            now = self._clock()
+            stack = self._stack()
+            while stack:
+                top = stack.pop()
+                closed.append((top.phase, top.close(now)))
                 parent = self._innermost()
                 if parent is not None:
                     parent.nested += now - top.start
-            self._sink(top.phase, own)
-            if top is frame:
-                break
+                if top is frame:
+                    break
+            if not stack and threading.get_ident() != self._loop_thread:
+                del self._stacks[threading.get_ident()]
+        for phase, own in closed:
+            self._sink(phase, own)
         return now - frame.start
+
+    def open_seconds(self) -> dict[str, float]:
+        """Seconds each phase's open frames own so far, on every thread (the step interval
+        of the training loop included): what ``close`` and ``end_step`` will hand the sink
+        at least, unless seconds measured elsewhere are taken out of a frame first."""
+        seconds: dict[str, float] = {}
+        with self._lock:
+            now = self._clock()
+            for ident, stack in self._stacks.items():
+                chain = [self._root, *stack] if ident == self._loop_thread else stack
+                self._add_open(seconds, chain, now)
+            if self._loop_thread is not None and self._loop_thread not in self._stacks:
+                self._add_open(seconds, [self._root], now)
+        return seconds
+
+    @staticmethod
+    def _add_open(seconds: dict[str, float], chain: list[Frame], now: float) -> None:
+        """Own seconds so far of each frame of one thread, outermost first: a frame owns
+        its time up to the start of the frame open inside it, less its closed nested ones."""
+        for i, frame in enumerate(chain):
+            until = chain[i + 1].start if i + 1 < len(chain) else now
+            own = max(0.0, until - frame.start - frame.nested)
+            seconds[frame.phase] = seconds.get(frame.phase, 0.0) + own
 
     def add_external(self, phase: str, seconds: float) -> None:
         """Seconds of ``phase`` measured elsewhere that ran inside the current frame."""

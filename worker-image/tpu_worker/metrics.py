@@ -10,11 +10,12 @@ Labels are bounded: ``phase`` takes the built-in phases plus at most
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tpu_operator import worker_metrics as wm
@@ -97,6 +98,74 @@ class _DeviceMemoryCollector(Collector):
                 yield family
 
 
+class PhaseSeconds(Collector):
+    """``tpu_worker_phase_seconds_total``: closed phases' seconds plus, at each scrape, what
+    the phases still open own so far (``follow``), so that the counters advance while a
+    long phase runs instead of jumping by its whole length when it ends.
+
+    Each series is kept monotonic: a scrape exports the larger of what it exported before
+    and what the phases hold now. Seconds taken out of an open frame after a scrape showed
+    them (a compile span reported when the compile ends) leave that frame's phase flat
+    until its own seconds catch up, rather than make the counter go back, which
+    Prometheus would read as a reset.
+    """
+
+    def __init__(self, phases: Iterable[str]) -> None:
+        self._lock = threading.Lock()
+        self._closed: dict[str, float] = dict.fromkeys(phases, 0.0)
+        self._exported: dict[str, float] = {}
+        self._open: Callable[[], Mapping[str, float]] | None = None
+
+    def follow(self, open_seconds: Callable[[], Mapping[str, float]]) -> None:
+        """Read the open phases' seconds from ``open_seconds`` at each scrape."""
+        self._open = open_seconds
+
+    def add(self, phase: str, seconds: float) -> None:
+        with self._lock:
+            self._closed[phase] = self._closed.get(phase, 0.0) + seconds
+
+    def value(self, phase: str) -> float:
+        """What a scrape now would export for ``phase``."""
+        return self._values().get(phase, 0.0)
+
+    def _values(self) -> dict[str, float]:
+        # Read outside our lock: the accountant calls add() after releasing its own.
+        live = dict(self._open()) if self._open is not None else {}
+        with self._lock:
+            for phase in self._closed.keys() | live.keys():
+                now = self._closed.get(phase, 0.0) + live.get(phase, 0.0)
+                self._exported[phase] = max(self._exported.get(phase, 0.0), now)
+            return dict(self._exported)
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        family = self._family()
+        for phase, seconds in self._values().items():
+            family.add_metric([phase], seconds)
+        yield family
+
+    @staticmethod
+    def _family() -> CounterMetricFamily:
+        return CounterMetricFamily(
+            wm.PHASE_SECONDS_TOTAL,
+            "Wall time spent per phase; step is productive time, the rest is badput.",
+            labels=[wm.LABEL_PHASE],
+        )
+
+
+@dataclass(frozen=True)
+class PhaseCounter:
+    """One phase's series of ``PhaseSeconds``."""
+
+    seconds: PhaseSeconds
+    phase: str
+
+    def inc(self, amount: float) -> None:
+        self.seconds.add(self.phase, amount)
+
+
 class WorkerMetrics:
     """Every metric the worker exports, in its own registry (no default process collectors)."""
 
@@ -147,12 +216,9 @@ class WorkerMetrics:
             "Unix time of the last completed step (0 before the first).",
             registry=r,
         )
-        self.phase_seconds = Counter(
-            wm.PHASE_SECONDS_TOTAL,
-            "Wall time spent per phase; step is productive time, the rest is badput.",
-            [wm.LABEL_PHASE],
-            registry=r,
-        )
+        # Every built-in phase is exported from the start (zeros) so that rate() sees it.
+        self.phase_seconds = PhaseSeconds(BUILTIN_PHASES)
+        r.register(self.phase_seconds)
         self.start_time = Gauge(
             wm.START_TIME_SECONDS, "Unix time this worker process started.", registry=r
         )
@@ -177,11 +243,9 @@ class WorkerMetrics:
             "Checkpoint requests this process received (SIGUSR1, from its supervisor).",
             registry=r,
         )
-        for phase in BUILTIN_PHASES:
-            self.phase_seconds.labels(phase)  # export zeros so rate() sees every phase
         self._custom_phases: set[str] = set()
 
-    def phase_counter(self, phase: str) -> Counter:
+    def phase_counter(self, phase: str) -> PhaseCounter:
         if phase not in BUILTIN_PHASES and phase not in self._custom_phases:
             if not PHASE_NAME.match(phase):
                 raise ValueError(f"phase name {phase!r} must match {PHASE_NAME.pattern}")
@@ -191,7 +255,8 @@ class WorkerMetrics:
                     f"{sorted(self._custom_phases)}); phase is a metric label and must stay bounded"
                 )
             self._custom_phases.add(phase)
-        return self.phase_seconds.labels(phase)
+            self.phase_seconds.add(phase, 0.0)  # exported from now on, at zero
+        return PhaseCounter(self.phase_seconds, phase)
 
     def watch_device_memory(self, read: Callable[[], Iterable[MemoryStat]]) -> None:
         self.registry.register(_DeviceMemoryCollector(read))

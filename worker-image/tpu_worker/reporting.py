@@ -66,8 +66,10 @@ class Reporter:
 
     def __init__(self, worker_metrics: m.WorkerMetrics | None = None) -> None:
         self.metrics = worker_metrics or m.WorkerMetrics()
-        self._phase_counters: dict[str, object] = {}
+        self._phase_counters: dict[str, m.PhaseCounter] = {}
         self._accountant = Accountant(self._add_phase_seconds, m.PHASE_STEP)
+        # Scrapes count the open phases' seconds so far (long phases advance as they run).
+        self.metrics.phase_seconds.follow(self._accountant.open_seconds)
         self._lock = threading.Lock()
         self._window: deque[float] = deque(maxlen=MEDIAN_WINDOW)
         self._sorted: list[float] = []
@@ -92,7 +94,7 @@ class Reporter:
         counter = self._phase_counters.get(phase)
         if counter is None:
             counter = self._phase_counters[phase] = self.metrics.phase_counter(phase)
-        counter.inc(seconds)  # type: ignore[attr-defined]
+        counter.inc(seconds)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -140,6 +142,11 @@ class Reporter:
         """Mark the start of training (the launcher calls it right after initialization)."""
         self._accountant.start_loop()
         self._last_activity = time.monotonic()
+
+    def end_loop(self) -> None:
+        """The training code returned: time after its last step is no step's (the launcher
+        calls it; a phase opened later still counts as that phase)."""
+        self._accountant.end_loop()
 
     def record_step(
         self,

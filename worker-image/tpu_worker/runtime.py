@@ -266,6 +266,7 @@ class Worker:
             log.exception("training code raised")
             exits.hard_exit(1, "training code raised")
         watchdog.stop()
+        self.reporter.end_loop()
         self.metrics.end_time.set(time.time())
         self.termination.training_finished()
         if self.reporter.stop_requested:
