@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness import say
+
 from localcluster import Cluster
 from localcluster.agent.kube import Kube
 
@@ -27,6 +29,10 @@ def connect(cluster: Cluster, *, limit: int = 32) -> Kube:
     return Kube(
         cluster.server, pki / "ca.crt", pki / "admin.crt", pki / "admin.key", connections=limit
     )
+
+
+PROGRESS_EVERY = 60.0
+"""Seconds between the progress lines of a long ``Watch.wait``."""
 
 
 @dataclass
@@ -103,11 +109,15 @@ class Watch:
 
     async def wait(self, check: Callable[[], Any], timeout: float, what: str) -> float:  # noqa: ASYNC109
         """Wait until ``check()`` holds; return the monotonic time it was first seen true."""
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline, report = began + timeout, began + PROGRESS_EVERY
         while not check():
             if self._task is not None and self._task.done():
                 self._task.result()
                 raise RuntimeError(f"watch {self.path} ended")
+            if time.monotonic() >= report:  # long waits say where they are
+                report += PROGRESS_EVERY
+                say(f"waiting {time.monotonic() - began:.0f} s for {what}; {self.describe()}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"waited {timeout:.0f} s for {what}; seen: {self.describe()}")
