@@ -305,8 +305,9 @@ def job() -> dict[str, Any]:
             unit="percentunit",
             y=24,
             description="Average over the worker processes seen in the window. phase=step "
-            "is productive (goodput); the others are badput. A phase is counted when it ends, "
-            "so a long one (a compilation) shows as a spike.",
+            "is productive (goodput); the others are badput. Phases count while they run, "
+            "except compile time, which JAX reports when a compilation ends: a long one "
+            "shows as a spike.",
         ),
         _panel(
             10,

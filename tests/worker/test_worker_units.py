@@ -13,6 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.worker import launch
 from tpu_operator import contract
 from tpu_operator.builders.wiring import resolved_env
+from tpu_operator.progress.samples import parse
+from tpu_operator.progress.tracker import JobTrack
 from tpu_worker import cli, peak
 from tpu_worker.accounting import Accountant, Intervals
 from tpu_worker.config import ContractError, read_contract
@@ -285,6 +287,27 @@ def test_a_running_phase_shows_in_a_scrape_before_it_ends() -> None:
         reporter._accountant._stacks[threading.get_ident()][-1].start -= 30.0  # 30 s in
         assert scraped("checkpoint_save") >= 30.0
     assert 30.0 <= scraped("checkpoint_save") < 31.0
+
+
+def test_a_checkpoint_save_longer_than_the_stall_timeout_is_no_stall() -> None:
+    """The operator's stall clock deducts checkpoint time from what the leader's counters
+    say; a save still running must already show there, or a save longer than
+    ``stallTimeout`` would restart the gang."""
+    reporter = Reporter()
+    reporter.start_loop()
+    reporter.record_step(1)
+    track = JobTrack(attempt=0)
+    leader = track.worker("demo-0-0", 0, 0, None)
+
+    def observe(at: float) -> None:
+        track.observe(leader, parse(generate_latest(reporter.metrics.registry).decode(), at))
+
+    observe(1000.0)
+    with reporter.checkpoint_save():
+        reporter._accountant._stacks[threading.get_ident()][-1].start -= 600.0  # 10 min in
+        observe(1600.0)
+        stalled_for = track.stalled_for(1600.0)
+    assert stalled_for is not None and stalled_for < 5.0
 
 
 def test_reporter_exports_steps_and_median() -> None:

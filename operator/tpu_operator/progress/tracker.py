@@ -2,8 +2,9 @@
 
 Stall: the operator notes when it sees the step of a slice's worker 0 advance. A job is
 stalled when, after its first step in this attempt, no leader's step has advanced for
-longer than the timeout, not counting time the leader reports in completed compile and
-checkpoint phases since then. A worker whose metrics cannot be read is not stalled by
+longer than the timeout, not counting time the leader reports in compile and checkpoint
+phases since then (the workers' counters advance while a checkpoint phase runs; compile
+time arrives when a compilation ends). A worker whose metrics cannot be read is not stalled by
 that alone: with no reading at all the stall clock keeps running only on what was last
 seen, and the job reports how many workers answered.
 
