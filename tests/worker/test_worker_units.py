@@ -232,7 +232,7 @@ def test_phase_counters_advance_by_no_more_than_wall_time_between_scrapes() -> N
     accountant = Accountant(seconds.add, "step", clock)
     seconds.follow(accountant.open_seconds)
     accountant.start_loop()
-    last_time, last = clock.now, seconds._values()
+    last_time, last = clock.now, seconds.values()
     open_frames: list[object] = []
     for _ in range(2000):
         action = rng.random()
@@ -244,7 +244,7 @@ def test_phase_counters_advance_by_no_more_than_wall_time_between_scrapes() -> N
             accountant.end_step()
         clock.now += rng.expovariate(1.0)
         if rng.random() < 0.3:
-            values = seconds._values()
+            values = seconds.values()
             advanced = sum(values.get(p, 0.0) - last.get(p, 0.0) for p in values)
             assert all(values[p] >= last.get(p, 0.0) for p in values)
             assert advanced <= clock.now - last_time + 1e-9
@@ -253,7 +253,7 @@ def test_phase_counters_advance_by_no_more_than_wall_time_between_scrapes() -> N
     while open_frames:
         accountant.close(open_frames.pop())  # type: ignore[arg-type]
     accountant.end_step()
-    assert sum(seconds._values().values()) == pytest.approx(clock.now - 100.0)
+    assert sum(seconds.values().values()) == pytest.approx(clock.now - 100.0)
 
 
 def test_phase_counters_never_go_back() -> None:

@@ -126,9 +126,10 @@ class PhaseSeconds(Collector):
 
     def value(self, phase: str) -> float:
         """What a scrape now would export for ``phase``."""
-        return self._values().get(phase, 0.0)
+        return self.values().get(phase, 0.0)
 
-    def _values(self) -> dict[str, float]:
+    def values(self) -> dict[str, float]:
+        """What a scrape now would export, by phase."""
         # Read outside our lock: the accountant calls add() after releasing its own.
         live = dict(self._open()) if self._open is not None else {}
         with self._lock:
@@ -142,7 +143,7 @@ class PhaseSeconds(Collector):
 
     def collect(self) -> Iterable[CounterMetricFamily]:
         family = self._family()
-        for phase, seconds in self._values().items():
+        for phase, seconds in self.values().items():
             family.add_metric([phase], seconds)
         yield family
 
@@ -150,7 +151,8 @@ class PhaseSeconds(Collector):
     def _family() -> CounterMetricFamily:
         return CounterMetricFamily(
             wm.PHASE_SECONDS_TOTAL,
-            "Wall time spent per phase; step is productive time, the rest is badput.",
+            "Wall time spent per phase, open phases counted up to the scrape; step is "
+            "productive time, the rest is badput.",
             labels=[wm.LABEL_PHASE],
         )
 
