@@ -306,8 +306,8 @@ def job() -> dict[str, Any]:
             y=24,
             description="Average over the worker processes seen in the window. phase=step "
             "is productive (goodput); the others are badput. Phases count while they run, "
-            "except compile time, which JAX reports when a compilation ends: a long one "
-            "shows as a spike.",
+            "except compile time, which JAX reports when a compilation ends: it shows up "
+            "after the compilation, over about as long again.",
         ),
         _panel(
             10,

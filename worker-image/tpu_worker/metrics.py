@@ -103,11 +103,13 @@ class PhaseSeconds(Collector):
     the phases still open own so far (``follow``), so that the counters advance while a
     long phase runs instead of jumping by its whole length when it ends.
 
-    Each series is kept monotonic: a scrape exports the larger of what it exported before
-    and what the phases hold now. Seconds taken out of an open frame after a scrape showed
-    them (a compile span reported when the compile ends) leave that frame's phase flat
-    until its own seconds catch up, rather than make the counter go back, which
-    Prometheus would read as a reset.
+    Each series is monotonic, and together they never show more seconds than the phases
+    hold. Both matter when seconds are taken out of an open frame after a scrape showed
+    them as that frame's: JAX reports a compilation when it ends, and its seconds come out
+    of the step interval it ran in. The step series cannot go back (Prometheus would read
+    a reset), so it stays flat until the step's own seconds catch up; meanwhile the series
+    that rose (compile) are held back by as much as is shown twice, and follow as it is
+    absorbed. So a rate() of their sum never exceeds wall time.
     """
 
     def __init__(self, phases: Iterable[str]) -> None:
@@ -133,10 +135,23 @@ class PhaseSeconds(Collector):
         # Read outside our lock: the accountant calls add() after releasing its own.
         live = dict(self._open()) if self._open is not None else {}
         with self._lock:
-            for phase in self._closed.keys() | live.keys():
-                now = self._closed.get(phase, 0.0) + live.get(phase, 0.0)
-                self._exported[phase] = max(self._exported.get(phase, 0.0), now)
-            return dict(self._exported)
+            exported = self._exported
+            held = {
+                phase: self._closed.get(phase, 0.0) + live.get(phase, 0.0)
+                for phase in self._closed.keys() | live.keys() | exported.keys()
+            }
+            # Seconds exported that the phases no longer hold (shown before they moved).
+            shown_twice = sum(max(0.0, exported.get(p, 0.0) - v) for p, v in held.items())
+            rises = {p: v - exported.get(p, 0.0) for p, v in held.items()}
+            rising = sum(r for r in rises.values() if r > 0)
+            if rising > 0:
+                share = max(0.0, rising - shown_twice) / rising
+                for phase, rise in rises.items():
+                    if rise > 0:
+                        exported[phase] = exported.get(phase, 0.0) + rise * share
+            for phase in held:
+                exported.setdefault(phase, 0.0)
+            return dict(exported)
 
     def describe(self) -> Iterable[CounterMetricFamily]:
         yield self._family()
