@@ -4,9 +4,9 @@ Stall: the operator notes when it sees the step of a slice's worker 0 advance. A
 stalled when, after its first step in this attempt, no leader's step has advanced for
 longer than the timeout, not counting time the leader reports in compile and checkpoint
 phases since then (the workers' counters advance while a checkpoint phase runs; compile
-time arrives when a compilation ends). A worker whose metrics cannot be read is not stalled by
-that alone: with no reading at all the stall clock keeps running only on what was last
-seen, and the job reports how many workers answered.
+time arrives when a compilation ends). A worker whose metrics cannot be read is not
+stalled by that alone: with no reading at all the stall clock keeps running only on what
+was last seen, and the job reports how many workers answered.
 
 Straggler: per slice (or per job when a slice has fewer than three workers), each
 worker's data-wait seconds per step and step seconds per step over its last sampling
