@@ -14,7 +14,8 @@ far, so that the exported counters advance while a phase runs rather than by a w
 or checkpoint when it ends (a rate over a window shorter than a phase would otherwise show
 more than 100 % of wall time for that phase). What an open frame shows never exceeds what
 it owns when it closes, except when seconds measured elsewhere (a compile span reported
-after the fact) are taken out of it later; the exporter keeps its counters monotonic.
+after the fact) are taken out of it later; the exporter (``metrics.PhaseSeconds``) keeps
+its counters monotonic and shows no second twice.
 """
 
 from __future__ import annotations

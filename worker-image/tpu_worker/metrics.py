@@ -126,10 +126,6 @@ class PhaseSeconds(Collector):
         with self._lock:
             self._closed[phase] = self._closed.get(phase, 0.0) + seconds
 
-    def value(self, phase: str) -> float:
-        """What a scrape now would export for ``phase``."""
-        return self.values().get(phase, 0.0)
-
     def values(self) -> dict[str, float]:
         """What a scrape now would export, by phase."""
         # Read outside our lock: the accountant calls add() after releasing its own.
