@@ -13,7 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.worker import launch
 from tpu_operator import contract
 from tpu_operator.builders.wiring import resolved_env
-from tpu_operator.progress.samples import parse
+from tpu_operator.progress import report
+from tpu_operator.progress.samples import WorkerSample, parse
 from tpu_operator.progress.tracker import JobTrack
 from tpu_worker import cli, peak
 from tpu_worker.accounting import Accountant, Intervals
@@ -220,6 +221,49 @@ def test_open_frames_on_other_threads_count_in_their_phase() -> None:
     release.set()
     thread.join()
     assert accountant.open_seconds() == pytest.approx({"step": 2.0})
+
+
+def test_an_open_step_interval_shows_no_more_than_its_limit() -> None:
+    clock = FakeClock()
+    seen: dict[str, float] = {}
+    accountant = Accountant(lambda p, s: seen.__setitem__(p, seen.get(p, 0) + s), "step", clock)
+    accountant.start_loop()
+    accountant.limit_open_step(2.0)
+    clock.now += 1.5
+    assert accountant.open_seconds() == pytest.approx({"step": 1.5})
+    frame = accountant.open("checkpoint_save")
+    clock.now += 30.0  # other phases are shown whole
+    assert accountant.open_seconds() == pytest.approx({"step": 1.5, "checkpoint_save": 30.0})
+    accountant.close(frame)
+    clock.now += 60.0  # a step that runs long (or hangs) stops at the limit
+    assert accountant.open_seconds() == pytest.approx({"step": 2.0})
+    accountant.end_step()  # and hands over all of its time if it ends
+    assert seen == pytest.approx({"checkpoint_save": 30.0, "step": 61.5})
+
+
+def test_a_hung_step_is_not_shown_as_step_time() -> None:
+    """Step time is productive only once the step ends: a hung step must not read as
+    training in the counters (dashboards) nor in the attempt the operator carries over."""
+    reporter = Reporter()
+    reporter.start_loop()
+
+    def scraped(at: float = 0.0) -> WorkerSample:
+        return parse(generate_latest(reporter.metrics.registry).decode(), at)
+
+    reporter._accountant._root.start -= 5.0  # a first step (it compiles)
+    reporter.record_step(1)
+    reporter._accountant._root.start -= 3.0  # before two steps no median: nothing shown
+    assert scraped().phases["step"] == pytest.approx(5.0, abs=0.01)
+    reporter.record_step(2)
+    for step in (3, 4):
+        reporter._accountant._root.start -= 1.0
+        reporter.record_step(step)
+    assert reporter.median_step_seconds() == pytest.approx(1.0, abs=0.01)
+    done = scraped().phases["step"]
+    reporter._accountant._root.start -= 600.0  # hung in step 5 for ten minutes
+    assert scraped().phases["step"] - done == pytest.approx(2.0, abs=0.01)
+    carried = report.carry_over({}, scraped(1000.0), closed_at=1000.0)
+    assert carried["step"] == pytest.approx(done + 2.0, abs=0.01)
 
 
 def test_phase_counters_advance_by_no_more_than_wall_time_between_scrapes() -> None:

@@ -16,6 +16,12 @@ more than 100 % of wall time for that phase). What an open frame shows never exc
 it owns when it closes, except when seconds measured elsewhere (a compile span reported
 after the fact) are taken out of it later; the exporter (``metrics.PhaseSeconds``) keeps
 its counters monotonic and shows no second twice.
+
+The open step interval is the exception to showing everything: step time is productive
+only once the step ends, and a hung step would otherwise read as training at full speed.
+So it shows at most ``limit_open_step()`` seconds (the reporter sets twice the median
+step); a step that runs longer hands over the rest when it ends, and one that never ends
+(a hang, a crash) leaves it uncounted.
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ class Accountant:
         self._root = Frame(step_phase, clock())
         self._loop_thread: int | None = None
         self._compile_spans = Intervals()
+        self._open_step_limit: float | None = None
 
     def _stack(self) -> list[Frame]:
         """The calling thread's open frames (call with the lock held)."""
@@ -114,6 +121,11 @@ class Accountant:
         with self._lock:
             self._loop_thread = None
             self._root = Frame(self._step_phase, self._clock())
+
+    def limit_open_step(self, seconds: float | None) -> None:
+        """Show at most ``seconds`` of the open step interval's own time (None: all)."""
+        with self._lock:
+            self._open_step_limit = seconds
 
     def open(self, phase: str) -> Frame:
         with self._lock:
@@ -157,13 +169,15 @@ class Accountant:
                 self._add_open(seconds, [self._root], now)
         return seconds
 
-    @staticmethod
-    def _add_open(seconds: dict[str, float], chain: list[Frame], now: float) -> None:
+    def _add_open(self, seconds: dict[str, float], chain: list[Frame], now: float) -> None:
         """Own seconds so far of each frame of one thread, outermost first: a frame owns
-        its time up to the start of the frame open inside it, less its closed nested ones."""
+        its time up to the start of the frame open inside it, less its closed nested ones
+        (call with the lock held)."""
         for i, frame in enumerate(chain):
             until = chain[i + 1].start if i + 1 < len(chain) else now
             own = max(0.0, until - frame.start - frame.nested)
+            if frame is self._root and self._open_step_limit is not None:
+                own = min(own, self._open_step_limit)
             seconds[frame.phase] = seconds.get(frame.phase, 0.0) + own
 
     def add_external(self, phase: str, seconds: float) -> None:

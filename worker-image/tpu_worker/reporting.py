@@ -39,6 +39,9 @@ MEDIAN_WINDOW = 100
 # which a process proposed it: processes run at most one step apart (every step joins a
 # collective), so the agreed step is ahead of every process when they learn it.
 CHECKPOINT_LEAD_STEPS = 3
+# Scrapes show an open step interval's time up to this many median steps: past that the
+# step may be hung, and its time counts as step (productive) only if it ends.
+OPEN_STEP_SHOWN_MEDIANS = 2.0
 
 
 class CheckpointExchange(Protocol):
@@ -68,6 +71,8 @@ class Reporter:
         self.metrics = worker_metrics or m.WorkerMetrics()
         self._phase_counters: dict[str, m.PhaseCounter] = {}
         self._accountant = Accountant(self._add_phase_seconds, m.PHASE_STEP)
+        # Until a median step is known (two steps), an open step interval shows nothing.
+        self._accountant.limit_open_step(0.0)
         # Scrapes count the open phases' seconds so far (long phases advance as they run).
         self.metrics.phase_seconds.follow(self._accountant.open_seconds)
         self._lock = threading.Lock()
@@ -188,6 +193,9 @@ class Reporter:
                 self._window.append(duration)
                 bisect.insort(self._sorted, duration)
             self._steps_recorded += 1
+        median = self.median_step_seconds()
+        if median is not None:
+            self._accountant.limit_open_step(OPEN_STEP_SHOWN_MEDIANS * median)
         self._last_activity = time.monotonic()
 
     @property
