@@ -149,6 +149,58 @@ def test_init_before_every_worker_ran_is_not_booked_twice():
     assert booked == pytest.approx(goodput.wall_seconds)
 
 
+def test_a_wait_ends_at_the_second_running_since_records():
+    # Every worker ran at 10.7 s, and runningSince says 10 s (second precision). The
+    # worker's init is trimmed from 10 s on, so the wait must end at 10 s too, or the
+    # 0.7 s would be booked as both scheduling and initialization.
+    status = TPUJobStatus()
+    account(status, 10.7).began_running(first_attempt=True)
+    assert status.running_since == "2026-01-01T00:00:10Z"
+    track = JobTrack(attempt=1)
+    track.observe(
+        track.worker("j-0-0", 0, 0, "n0"),
+        WorkerSample(
+            at=T0.timestamp() + 30,
+            steps_total=10,
+            step=10,
+            start_time=T0.timestamp() + 8,
+            phases={"init": 7.0, "step": 15.0},
+        ),
+    )
+    account(status, 30, track).publish(Phase.RUNNING, 1)
+    goodput = status.goodput
+    assert goodput is not None
+    assert goodput.badput_seconds["scheduling"] == 10.0
+    assert goodput.badput_seconds["initialization"] == 5.0
+    assert goodput.productive_seconds + sum(goodput.badput_seconds.values()) == 30.0
+
+
+def test_restart_downtime_starts_after_the_shutdown_already_booked():
+    # Training ended at 55 s; the attempt closed at 70 s (15 s of shutdown), and the
+    # failure that ended it was stamped 65 s: downtime runs from 70 s, not 65 s.
+    status = TPUJobStatus(running_since="2026-01-01T00:00:10Z")
+    track = JobTrack(attempt=1)
+    track.observe(
+        track.worker("j-0-0", 0, 0, "n0"),
+        WorkerSample(
+            at=T0.timestamp() + 60,
+            steps_total=50,
+            step=50,
+            start_time=T0.timestamp() + 10,
+            end_time=T0.timestamp() + 55,
+            phases={"step": 40.0, "init": 5.0},
+        ),
+    )
+    status.restarts = 1
+    status.last_failure = Failure(attempt=1, reason="Failed", time="2026-01-01T00:01:05Z")
+    account(status, 70, track).close_attempt(1)
+    account(status, 100.5).began_running(first_attempt=False)
+    goodput = status.goodput
+    assert goodput is not None
+    assert goodput.finished_attempts["restartDowntime"] == 30.0
+    assert goodput.finished_attempts["shutdown"] == 15.0
+
+
 def test_timestamps_round_trip_at_second_precision_in_utc():
     """The one timestamp module the account, the progress report and conditions share."""
     from tpu_operator import timestamps

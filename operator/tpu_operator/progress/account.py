@@ -101,14 +101,18 @@ class Account:
     def began_running(self, first_attempt: bool) -> None:
         """Every worker of the attempt runs: book the wait that preceded it."""
         status = self.status
-        status.running_since = stamp(self.now)
+        # The wait ends at the second runningSince records (status timestamps have second
+        # precision): the worker's time after it is taken from its own counters, measured
+        # from the same second, so the part of a second in between is booked once.
+        ran = self.now.replace(microsecond=0)
+        status.running_since = stamp(ran)
         carried = self.carried()
         since = self._downtime_since()
         if first_attempt:
-            carried[WAIT_SCHEDULING] = (self.now - self.created).total_seconds()
+            carried[WAIT_SCHEDULING] = max((ran - self.created).total_seconds(), 0.0)
         elif since is not None:
             carried[WAIT_RESTART] = carried.get(WAIT_RESTART, 0.0) + max(
-                self.now.timestamp() - since, 0.0
+                ran.timestamp() - since, 0.0
             )
         self._set_goodput(carried, None)
 

@@ -133,6 +133,7 @@ def carry_over(
         merged[ATTEMPT_END] = sample.at
     if closed_at is not None and (tail := shutdown_seconds(sample, closed_at)):
         merged[SHUTDOWN] = merged.get(SHUTDOWN, 0.0) + tail
+        merged[ATTEMPT_END] = max(merged[ATTEMPT_END], closed_at)  # shutdown runs to here
     if sample is not None and sample.step is not None:
         merged["previousStep"] = sample.step
         mean = (
