@@ -25,9 +25,10 @@ import kopf
 
 from tpu_operator import contract
 from tpu_operator.builders.workload import KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL
+from tpu_operator.reconcile.pools import job_pool_records, slice_pool_records
 from tpu_operator.runtime import collector
 from tpu_operator.runtime.app import OperatorConfig, Runtime
-from tpu_operator.runtime.caches import slice_job_name
+from tpu_operator.runtime.caches import POOL_RECORD, slice_job_name
 from tpu_operator.runtime.kube import connection_info, load_configuration
 from tpu_operator.runtime.leader import LeaderElector
 
@@ -86,12 +87,17 @@ async def tpu_slices(body: kopf.Body, namespace: str | None, name: str, **_: Any
     job = slice_job_name(body)
     if job:
         keys[("job", namespace, job)] = snapshot
+    for pool, holder in slice_pool_records(body).items():
+        keys[(POOL_RECORD, pool)] = holder
     return keys
 
 
 @kopf.index(contract.GROUP, contract.VERSION, contract.JOB_PLURAL)
 async def tpu_jobs(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
-    return {(namespace, name): _snapshot(body)}
+    keys: dict[Any, Any] = {("job", namespace, name): _snapshot(body)}
+    for pool, holder in job_pool_records(body).items():
+        keys[(POOL_RECORD, pool)] = holder
+    return keys
 
 
 def _workload_job(body: kopf.Body) -> str | None:

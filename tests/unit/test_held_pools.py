@@ -15,7 +15,13 @@ from tpu_operator import catalog
 from tpu_operator.api.status import Phase
 from tpu_operator.placement.pools import Request, allocate
 from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_ref
-from tpu_operator.reconcile.pools import HeldPools, held_pools, tpu_pools
+from tpu_operator.reconcile.pools import (
+    HeldPools,
+    held_pools,
+    job_pool_records,
+    slice_pool_records,
+    tpu_pools,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -115,3 +121,75 @@ def test_an_allocation_reads_the_pods_of_the_pools_it_looks_at_only():
     allocation = allocate([Request(catalog.shape(*V5P))], tpu_pools(cluster.ctx), found)
     assert allocation.pools == ["p3"]
     assert asked == ["p0", "p1", "p2", "p3"], "p4 and p5 were never looked at"
+
+
+def test_records_are_read_for_the_pools_looked_at_only():
+    """Rule 2 comes from the job and slice indexes by pool: an allocation reads the records
+    of the pools it asks about, never every job and slice of the cluster."""
+    cluster = cluster_with_pools(*(f"p{i}" for i in range(6)))
+    for name in ("a", "b"):
+        cluster.apply_job(name, job_spec())
+        cluster.reconcile_job(name)  # records its pool; no pods yet
+    standalone = job_spec()
+    cluster.apply_slice("s", {**standalone.pop("slice"), **standalone})
+    cluster.reconcile_slice("s")  # a standalone slice records its pool too
+    assert [cluster.job(n)["status"]["nodePools"] for n in "ab"] == [["p0"], ["p1"]]
+    assert cluster.slice("s")["status"]["nodePool"] == "p2"
+    cluster._index()
+    asked: list[str] = []
+    records = cluster.caches.pool_records
+
+    def counted(pool: str) -> list[str]:
+        asked.append(pool)
+        return records(pool)
+
+    def every(*_: Any) -> Any:
+        raise AssertionError("an allocation read every job or slice")
+
+    cluster.caches.pool_records = counted  # type: ignore[method-assign]
+    cluster.caches.jobs = cluster.caches.all_slices = every  # type: ignore[method-assign]
+    found = HeldPools(cluster.ctx, "TPUJob ml/d", tpu_pools(cluster.ctx))
+    allocation = allocate([Request(catalog.shape(*V5P))], tpu_pools(cluster.ctx), found)
+    assert allocation.pools == ["p3"]
+    # p2 is held by the slice's pods, found before any record is read.
+    assert asked == ["p0", "p1", "p3"]
+    assert [found.get(p) for p in ("p0", "p1")] == ["TPUJob ml/a", "TPUJob ml/b"]
+    assert str(found.get("p2")).startswith("TPUSlice ml/s (")
+    assert records("p2") == ["TPUSlice ml/s"]  # and its record is filed under its pool
+
+
+@pytest.mark.parametrize(
+    ("status", "records"),
+    [
+        (
+            {"phase": "Running", "nodePools": ["p1", "p2"]},
+            {"p1": "TPUJob ml/j", "p2": "TPUJob ml/j"},
+        ),
+        ({"phase": "Pending", "nodePools": ["p1"]}, {"p1": "TPUJob ml/j"}),
+        ({"phase": "Suspended", "nodePools": ["p1"]}, {}),
+        ({"phase": "Succeeded", "nodePools": ["p1"]}, {}),
+        ({"phase": "Failed", "nodePools": ["p1"]}, {}),
+        ({"phase": "Running"}, {}),
+        ({}, {}),
+    ],
+)
+def test_a_jobs_records(status: dict[str, Any], records: dict[str, str]):
+    body = {"metadata": {"namespace": "ml", "name": "j"}, "status": status}
+    assert job_pool_records(body) == records
+
+
+@pytest.mark.parametrize(
+    ("owned", "status", "records"),
+    [
+        (False, {"phase": "Running", "nodePool": "p1"}, {"p1": "TPUSlice ml/s"}),
+        (False, {"phase": "Pending", "nodePool": "p1"}, {"p1": "TPUSlice ml/s"}),
+        (False, {"phase": "Failed", "nodePool": "p1"}, {}),
+        (False, {"phase": "Running"}, {}),
+        (True, {"phase": "Running", "nodePool": "p1"}, {}),  # its job records it
+    ],
+)
+def test_a_standalone_slices_records(owned: bool, status: dict[str, Any], records: dict[str, str]):
+    body: dict[str, Any] = {"metadata": {"namespace": "ml", "name": "s"}, "status": status}
+    if owned:
+        body["metadata"]["ownerReferences"] = [{"kind": "TPUJob", "name": "j", "controller": True}]
+    assert slice_pool_records(body) == records

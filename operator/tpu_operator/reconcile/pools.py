@@ -66,6 +66,28 @@ def slice_holder(namespace: str, name: str) -> str:
     return f"{contract.SLICE_KIND} {namespace}/{name}"
 
 
+def job_pool_records(body: Mapping[str, Any]) -> dict[str, str]:
+    """Rule 2 for a TPUJob: pool -> the job, for the pools its status records while it is
+    active (neither finished nor suspended). The job index files it (``controllers``)."""
+    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    phase = status.get("phase")
+    if phase in TERMINAL_PHASES or phase == Phase.SUSPENDED:
+        return {}
+    holder = job_holder(meta.get("namespace", ""), meta.get("name", ""))
+    return {pool: holder for pool in status.get("nodePools") or [] if isinstance(pool, str)}
+
+
+def slice_pool_records(body: Mapping[str, Any]) -> dict[str, str]:
+    """Rule 2 for a standalone TPUSlice (a job's slices are recorded by their job)."""
+    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    pool = status.get("nodePool")
+    if slice_job_name(body) is not None or not isinstance(pool, str) or not pool:
+        return {}
+    if status.get("phase") in TERMINAL_PHASES:
+        return {}
+    return {pool: slice_holder(meta.get("namespace", ""), meta.get("name", ""))}
+
+
 def pod_holder(pod: PodView) -> str:
     """The holder a worker pod belongs to: its TPUJob, or its standalone TPUSlice."""
     if pod.job_owned:
@@ -93,7 +115,9 @@ class HeldPools(Mapping[str, str]):
     counted when a pool is asked about (once per lookup object), not for every pool of the
     cluster on every allocation. That made each allocation walk every worker pod, and a
     burst of N jobs choosing pools cost N times the cluster's pods. The holders' own
-    records (rule 2) and reservations (rule 3) are read once, in the constructor.
+    records (rule 2) are looked up the same way, in the job and slice indexes by pool
+    (reading every job and slice on each allocation made a burst of N jobs cost N times
+    the cluster's jobs); reservations (rule 3) are a mapping by pool already.
 
     The rules' order decides which holder is named: the pods on a pool, then the records
     and reservations naming it, then (for a pool GKE created for a claim) the claim's
@@ -105,28 +129,7 @@ class HeldPools(Mapping[str, str]):
         self._exclude = exclude
         self._claims = {p.name: p.slice_pool for p in pools.values() if p.slice_pool}
         """Pool -> the slice-pool value GKE created it for."""
-        self._records: dict[str, str] = {}
-        caches = ctx.caches
-        for job in caches.jobs():
-            status = job.get("status") or {}
-            meta = job["metadata"]
-            holder = job_holder(meta["namespace"], meta["name"])
-            phase = status.get("phase")
-            if holder == exclude or phase in TERMINAL_PHASES or phase == Phase.SUSPENDED:
-                continue
-            for pool in status.get("nodePools") or []:
-                self._records.setdefault(pool, holder)
-        for body in caches.all_slices():
-            meta = body["metadata"]
-            holder = slice_holder(meta["namespace"], meta["name"])
-            status = body.get("status") or {}
-            if holder == exclude or slice_job_name(body) is not None:
-                continue
-            if status.get("nodePool") and status.get("phase") not in TERMINAL_PHASES:
-                self._records.setdefault(status["nodePool"], holder)
-        for pool, holder in ctx.reservations.by_pool.items():
-            if holder != exclude:
-                self._records.setdefault(pool, holder)
+        self._reservations = ctx.reservations.by_pool
         self._found: dict[str, str | None] = {}
 
     def _direct(self, pool: str) -> str | None:
@@ -138,7 +141,11 @@ class HeldPools(Mapping[str, str]):
             holder, count = by_holder.most_common(1)[0]
             stopping = sum(1 for p in on_pool if p.deleting and pod_holder(p) == holder)
             return f"{holder} ({count} of its pods are on it, {stopping} terminating)"
-        return self._records.get(pool)
+        for holder in self._caches.pool_records(pool):
+            if holder != self._exclude:
+                return holder
+        reserved = self._reservations.get(pool)
+        return reserved if reserved != self._exclude else None
 
     def get(self, pool: str, default: Any = None) -> Any:
         if pool not in self._found:
@@ -159,7 +166,9 @@ class HeldPools(Mapping[str, str]):
     def __iter__(self) -> Iterator[str]:
         """Every held pool (walks every pinned pool: for status and tests, not for
         allocations)."""
-        names = {*self._caches.pinned_pools(), *self._records, *self._claims}
+        caches = self._caches
+        names = {*caches.pinned_pools(), *caches.recorded_pools(), *self._reservations}
+        names |= self._claims.keys()
         return iter(sorted(n for n in names if self.get(n) is not None))
 
     def __len__(self) -> int:

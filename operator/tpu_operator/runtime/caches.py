@@ -7,8 +7,11 @@ filled before anything reconciles and maps a key to a collection of values; the 
 - pods: ("slice", ns, slice) / ("job", ns, job) (job-owned pods only) / ("node", node) /
   ("pool", node pool the pod is pinned to) -> PodView; and, counted per job, the restart
   attempts its pods belong to (``attempts_of_job``)
-- slices: ("slice", ns, name) / ("job", ns, job) -> TPUSlice body
-- jobs: (ns, name) -> TPUJob body
+- slices: ("slice", ns, name) / ("job", ns, job) -> TPUSlice body; ("pool", pool) -> the
+  holder an active standalone slice's ``status.nodePool`` records
+- jobs: ("job", ns, name) -> TPUJob body; ("pool", pool) -> the holder an active job's
+  ``status.nodePools`` records (``reconcile/pools.py``, rule 2: looked up per pool, so
+  an allocation does not read every job and slice of the cluster)
 - nodes: ("node", name) / ("tpu",) -> NodeView; ("uid", name) -> the node's UID
 - workloads (only with ``--kueue``): (ns, job) -> the Kueue Workload owned by that TPUJob
 
@@ -39,6 +42,8 @@ KINDS = ("pods", "slices", "jobs", "nodes")
 """The watched kinds, as ``entries`` and ``forget`` name them."""
 Identity = tuple[str | None, str, str]
 """How kopf keys an indexed object: (namespace or None, name, uid)."""
+POOL_RECORD = "pool"
+"""First part of the TPUJob and TPUSlice index keys that file a pool's recorded holders."""
 T = TypeVar("T")
 
 
@@ -149,11 +154,28 @@ class Caches:
 
     # TPUJobs
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return _first(self._jobs, (namespace, name))
+        return _first(self._jobs, ("job", namespace, name))
 
     def jobs(self) -> Iterable[dict[str, Any]]:
-        for store in self._jobs.values():
-            yield from store
+        for key, store in self._jobs.items():
+            if key[0] == "job":
+                yield from store
+
+    # Node pools recorded in status (``reconcile/pools.py``)
+    def pool_records(self, pool: str) -> list[str]:
+        """Holders whose status records ``pool``: active TPUJobs, then active standalone
+        TPUSlices."""
+        key = (POOL_RECORD, pool)
+        return [*self._jobs.get(key, ()), *self._slices.get(key, ())]
+
+    def recorded_pools(self) -> set[str]:
+        """Every pool an active TPUJob or standalone TPUSlice records."""
+        return {
+            key[1]
+            for index in (self._jobs, self._slices)
+            for key, store in index.items()
+            if key[0] == POOL_RECORD and store
+        }
 
     # TPUSlices
     def slice(self, namespace: str, name: str) -> dict[str, Any] | None:
