@@ -121,11 +121,15 @@ def test_time_after_training_is_shutdown_not_other():
     assert goodput.badput_seconds["other"] == 70 - 40 - 5 - 15
 
 
-def test_init_before_every_worker_ran_is_not_booked_twice():
+@pytest.mark.parametrize("ran_at", [10.0, 10.7])
+def test_init_before_every_worker_ran_is_not_booked_twice(ran_at: float):
     # The process started at 8 s; the operator saw every worker running at 10 s: the
-    # 2 s in between are scheduling, not also initialization.
+    # 2 s in between are scheduling, not also initialization. At 10.7 s, runningSince
+    # still says 10 s (second precision) and the worker's init is trimmed from there, so
+    # the wait must end at 10 s too, or the 0.7 s would be booked twice.
     status = TPUJobStatus()
-    account(status, 10).began_running(first_attempt=True)
+    account(status, ran_at).began_running(first_attempt=True)
+    assert status.running_since == "2026-01-01T00:00:10Z"
     track = JobTrack(attempt=1)
     worker = track.worker("j-0-0", 0, 0, "n0")
     track.observe(
@@ -146,33 +150,7 @@ def test_init_before_every_worker_ran_is_not_booked_twice():
     assert goodput.badput_seconds["scheduling"] == 10.0
     assert goodput.badput_seconds["initialization"] == 5.0
     booked = goodput.productive_seconds + sum(goodput.badput_seconds.values())
-    assert booked == pytest.approx(goodput.wall_seconds)
-
-
-def test_a_wait_ends_at_the_second_running_since_records():
-    # Every worker ran at 10.7 s, and runningSince says 10 s (second precision). The
-    # worker's init is trimmed from 10 s on, so the wait must end at 10 s too, or the
-    # 0.7 s would be booked as both scheduling and initialization.
-    status = TPUJobStatus()
-    account(status, 10.7).began_running(first_attempt=True)
-    assert status.running_since == "2026-01-01T00:00:10Z"
-    track = JobTrack(attempt=1)
-    track.observe(
-        track.worker("j-0-0", 0, 0, "n0"),
-        WorkerSample(
-            at=T0.timestamp() + 30,
-            steps_total=10,
-            step=10,
-            start_time=T0.timestamp() + 8,
-            phases={"init": 7.0, "step": 15.0},
-        ),
-    )
-    account(status, 30, track).publish(Phase.RUNNING, 1)
-    goodput = status.goodput
-    assert goodput is not None
-    assert goodput.badput_seconds["scheduling"] == 10.0
-    assert goodput.badput_seconds["initialization"] == 5.0
-    assert goodput.productive_seconds + sum(goodput.badput_seconds.values()) == 30.0
+    assert booked == goodput.wall_seconds == 30.0
 
 
 def test_restart_downtime_starts_after_the_shutdown_already_booked():
