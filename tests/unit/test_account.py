@@ -153,6 +153,32 @@ def test_init_before_every_worker_ran_is_not_booked_twice(ran_at: float):
     assert booked == goodput.wall_seconds == 30.0
 
 
+def test_a_gang_seen_running_late_is_not_booked_twice():
+    # The process started at 8 s: init until 11 s, then a 2 s restore, 5 s of compile and
+    # 10 s of steps by the reading at 30 s. The operator saw the gang running only at 20 s
+    # (busy): 12 s of the worker's seconds were booked as scheduling already.
+    status = TPUJobStatus()
+    account(status, 20).began_running(first_attempt=True)
+    track = JobTrack(attempt=1)
+    track.observe(
+        track.worker("j-0-0", 0, 0, "n0"),
+        WorkerSample(
+            at=T0.timestamp() + 30,
+            steps_total=10,
+            step=10,
+            start_time=T0.timestamp() + 8,
+            phases={"init": 3.0, "checkpoint_restore": 2.0, "compile": 5.0, "step": 10.0},
+        ),
+    )
+    account(status, 30, track).publish(Phase.RUNNING, 1)
+    goodput = status.goodput
+    assert goodput is not None
+    badput = goodput.badput_seconds
+    assert (badput["scheduling"], goodput.productive_seconds) == (20.0, 10.0)
+    assert badput["initialization"] == badput["checkpointRestore"] == badput["compilation"] == 0
+    assert goodput.productive_seconds + sum(badput.values()) == goodput.wall_seconds == 30.0
+
+
 def test_restart_downtime_starts_after_the_shutdown_already_booked():
     # Training ended at 55 s; the attempt closed at 70 s (15 s of shutdown), and the
     # failure that ended it was stamped 65 s: downtime runs from 70 s, not 65 s.

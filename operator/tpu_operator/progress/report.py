@@ -31,6 +31,15 @@ PHASES = {
 SHUTDOWN = "shutdown"
 ATTEMPT_END = "attemptEnd"
 CARRIED = ("step", *PHASES.values(), "lostProgress", "scheduling", "restartDowntime", SHUTDOWN)
+EARLIEST_FIRST = (
+    "initialization",
+    "checkpointRestore",
+    "compilation",
+    "dataWait",
+    "checkpointSave",
+    "step",
+)
+"""The worker's categories in the order its seconds usually come after it starts."""
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
@@ -96,7 +105,11 @@ def attempt_totals(
     The worker's ``init`` phase starts with its process, which runs before the operator
     sees every worker of the gang running (``running_since``); until then the time is
     already booked as a wait (scheduling or restart downtime), so that part of ``init`` is
-    left out rather than counted twice."""
+    left out rather than counted twice. When the operator saw the gang running only after
+    the worker's init ended (a busy operator or apiserver), the worker counted more
+    seconds than have passed since ``running_since``: that excess, too, was booked as the
+    wait, and comes out of the phases that follow init, in the order a training program
+    usually runs them (``EARLIEST_FIRST``)."""
     if sample is None:
         return {}
     totals = {"step": sample.phases.get("step", 0.0)}
@@ -105,6 +118,13 @@ def attempt_totals(
     if running_since is not None and sample.start_time:
         overlap = max(running_since - sample.start_time, 0.0)
         totals["initialization"] = max(totals["initialization"] - overlap, 0.0)
+        excess = sum(totals.values()) - max(sample.at - running_since, 0.0)
+        for category in EARLIEST_FIRST:
+            if excess <= 0:
+                break
+            taken = min(excess, totals[category])
+            totals[category] -= taken
+            excess -= taken
     return totals
 
 
