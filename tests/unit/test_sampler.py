@@ -12,7 +12,8 @@ import pytest
 from aiohttp import web
 
 from tpu_operator import contract, worker_metrics
-from tpu_operator.progress.sampler import ProgressSampler, _monitoring
+from tpu_operator.progress import sampler as sampler_module
+from tpu_operator.progress.sampler import ProgressSampler, monitoring_of
 from tpu_operator.runtime.caches import Caches, identity_of
 from tpu_operator.runtime.listwatch import PODS, Store, pod_attempt
 from tpu_operator.state.views import pod_view
@@ -87,7 +88,7 @@ async def rounds(leaders_serve: bool, count: int) -> tuple[list[str], int]:
 
 
 def sampler_monitoring(job: dict[str, Any]) -> Any:
-    monitoring = _monitoring(job)
+    monitoring = monitoring_of(job)
     assert monitoring is not None  # monitoring is on by default
     return monitoring
 
@@ -104,3 +105,36 @@ def test_once_the_leaders_answer_every_sixth_round_reads_every_worker():
     served, reads = asyncio.run(rounds(leaders_serve=True, count=12))
     assert reads == 2 * SLICES * HOSTS + 10 * SLICES
     assert len(served) == 12 * SLICES  # the leaders answered every round
+
+
+def test_monitoring_settings_are_parsed_once_per_generation_and_dropped_with_the_job(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Every tick looks at every cached job: the settings are parsed when a job or its
+    spec is new, and kept for as many jobs as the cache holds, however many that is."""
+    parsed: list[str] = []
+
+    def counted(job: dict[str, Any]) -> Any:
+        parsed.append(job["metadata"]["name"])
+        return monitoring_of(job)
+
+    monkeypatch.setattr(sampler_module, "monitoring_of", counted)
+    jobs: dict[Any, list[Any]] = {}
+
+    def put(name: str, generation: int) -> None:
+        meta = {"namespace": NAMESPACE, "name": name, "uid": f"uid-{name}"}
+        body = {"metadata": {**meta, "generation": generation}, "status": {"phase": "Pending"}}
+        jobs[("job", NAMESPACE, name)] = [body]
+
+    for i in range(12_000):  # more jobs than any fixed bound would hold
+        put(f"j{i}", 1)
+    sampler = ProgressSampler(Caches(pods=Store(), slices={}, jobs=jobs, nodes={}), print)
+    sampler.tick()
+    sampler.tick()
+    assert len(parsed) == 12_000
+    put("j7", 2)  # its spec changed
+    del jobs[("job", NAMESPACE, "j8")]  # deleted
+    parsed.clear()
+    sampler.tick()
+    assert parsed == ["j7"]
+    assert len(sampler._settings) == 11_999

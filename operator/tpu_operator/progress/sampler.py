@@ -64,6 +64,9 @@ class ProgressSampler:
         self._due: dict[Key, float] = {}
         self._busy: dict[Key, asyncio.Task[None]] = {}
         self._flags: dict[Key, tuple[bool, tuple[str, ...]]] = {}
+        self._settings: dict[str, tuple[int, Monitoring | None]] = {}
+        """Each cached job's monitoring settings by UID, with the generation they were
+        parsed from: parsed once per spec change, dropped with the job."""
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -98,11 +101,14 @@ class ProgressSampler:
         """Start the rounds that are due (never two at once for one job)."""
         now = time.monotonic()
         seen: set[Key] = set()
+        uids: set[str] = set()
         for job in self.caches.jobs():
             meta = job["metadata"]
             key = (meta["namespace"], meta["name"])
             status = job.get("status") or {}
-            monitoring = _monitoring(job)
+            uid = meta.get("uid", "")
+            uids.add(uid)
+            monitoring = self._monitoring(uid, job)
             if monitoring is None or status.get("phase") not in ACTIVE_PHASES:
                 continue
             seen.add(key)
@@ -112,6 +118,9 @@ class ProgressSampler:
             task = asyncio.create_task(self._round(key, job, monitoring), name=f"sample-{key[1]}")
             self._busy[key] = task
             task.add_done_callback(functools.partial(self._finished, key))
+        if len(self._settings) > len(uids):
+            for uid in self._settings.keys() - uids:
+                del self._settings[uid]
         for key in set(self.tracks) - seen:
             if key not in self._busy:
                 self.tracks.pop(key, None)
@@ -119,6 +128,14 @@ class ProgressSampler:
                 self._rounds.pop(key, None)
                 self._due.pop(key, None)
                 self._silent.discard(key)
+
+    def _monitoring(self, uid: str, job: dict[str, Any]) -> Monitoring | None:
+        """The job's monitoring settings, parsed once per generation; None when off."""
+        generation = int(job["metadata"].get("generation") or 0)
+        known = self._settings.get(uid)
+        if known is None or known[0] != generation:
+            known = self._settings[uid] = (generation, monitoring_of(job))
+        return known[1]
 
     def _finished(self, key: Key, _: asyncio.Task[None]) -> None:
         self._busy.pop(key, None)
@@ -203,19 +220,10 @@ class ProgressSampler:
             self.enqueue(key)
 
 
-_PARSED: dict[tuple[str, int], Monitoring | None] = {}
-
-
-def _monitoring(job: dict[str, Any]) -> Monitoring | None:
-    """The job's monitoring settings (parsed once per object version), None when off."""
-    meta = job["metadata"]
-    key = (meta.get("uid", ""), int(meta.get("generation") or 0))
-    if key not in _PARSED:
-        if len(_PARSED) > 10000:
-            _PARSED.clear()
-        try:
-            monitoring = Monitoring.model_validate((job.get("spec") or {}).get("monitoring") or {})
-            _PARSED[key] = monitoring if monitoring.enabled else None
-        except ValidationError:
-            _PARSED[key] = None
-    return _PARSED[key]
+def monitoring_of(job: dict[str, Any]) -> Monitoring | None:
+    """A job's monitoring settings; None when monitoring is off or they do not parse."""
+    try:
+        monitoring = Monitoring.model_validate((job.get("spec") or {}).get("monitoring") or {})
+    except ValidationError:
+        return None
+    return monitoring if monitoring.enabled else None
