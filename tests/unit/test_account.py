@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 
@@ -36,6 +37,15 @@ def track_with(step: float, phases: dict[str, float], *, at_s: float, attempt: i
             start_time=T0.timestamp(),
             phases=phases,
         ),
+    )
+    return track
+
+
+def leader_at(at_s: float, **sample: Any) -> JobTrack:
+    """A track whose leader (worker 0 of slice 0) was read at ``at_s`` with ``sample``."""
+    track = JobTrack(attempt=1)
+    track.observe(
+        track.worker("j-0-0", 0, 0, "n0"), WorkerSample(at=T0.timestamp() + at_s, **sample)
     )
     return track
 
@@ -159,16 +169,12 @@ def test_a_gang_seen_running_late_is_not_booked_twice():
     # (busy): 12 s of the worker's seconds were booked as scheduling already.
     status = TPUJobStatus()
     account(status, 20).began_running(first_attempt=True)
-    track = JobTrack(attempt=1)
-    track.observe(
-        track.worker("j-0-0", 0, 0, "n0"),
-        WorkerSample(
-            at=T0.timestamp() + 30,
-            steps_total=10,
-            step=10,
-            start_time=T0.timestamp() + 8,
-            phases={"init": 3.0, "checkpoint_restore": 2.0, "compile": 5.0, "step": 10.0},
-        ),
+    track = leader_at(
+        30,
+        steps_total=10,
+        step=10,
+        start_time=T0.timestamp() + 8,
+        phases={"init": 3.0, "checkpoint_restore": 2.0, "compile": 5.0, "step": 10.0},
     )
     account(status, 30, track).publish(Phase.RUNNING, 1)
     goodput = status.goodput
@@ -183,17 +189,13 @@ def test_restart_downtime_starts_after_the_shutdown_already_booked():
     # Training ended at 55 s; the attempt closed at 70 s (15 s of shutdown), and the
     # failure that ended it was stamped 65 s: downtime runs from 70 s, not 65 s.
     status = TPUJobStatus(running_since="2026-01-01T00:00:10Z")
-    track = JobTrack(attempt=1)
-    track.observe(
-        track.worker("j-0-0", 0, 0, "n0"),
-        WorkerSample(
-            at=T0.timestamp() + 60,
-            steps_total=50,
-            step=50,
-            start_time=T0.timestamp() + 10,
-            end_time=T0.timestamp() + 55,
-            phases={"step": 40.0, "init": 5.0},
-        ),
+    track = leader_at(
+        60,
+        steps_total=50,
+        step=50,
+        start_time=T0.timestamp() + 10,
+        end_time=T0.timestamp() + 55,
+        phases={"step": 40.0, "init": 5.0},
     )
     status.restarts = 1
     status.last_failure = Failure(attempt=1, reason="Failed", time="2026-01-01T00:01:05Z")
