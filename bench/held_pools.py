@@ -24,12 +24,16 @@ allocates once would spend on it (per allocation x jobs).
 from __future__ import annotations
 
 import argparse
+import sys
 import timeit
 from collections import defaultdict
-from collections.abc import Coroutine
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.unit.fakeapi import run_sync
 from tpu_operator import contract, controllers
 from tpu_operator.api.status import TERMINAL_PHASES, Phase
 from tpu_operator.reconcile.context import Context, Reservations
@@ -39,15 +43,6 @@ from tpu_operator.runtime.listwatch import Store
 
 NAMESPACE = "bench"
 ASKED = 4
-
-
-def _sync(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    """Run an index function (a coroutine that never suspends) to its result."""
-    try:
-        coroutine.send(None)
-    except StopIteration as stop:
-        return stop.value
-    raise RuntimeError("an index function suspended")
 
 
 def filled(jobs: int) -> Caches:
@@ -72,11 +67,11 @@ def filled(jobs: int) -> Caches:
             "spec": {},
             "status": {"phase": "Running"},
         }
-        for key, value in _sync(
+        for key, value in run_sync(
             controllers.tpu_jobs(body=job, namespace=NAMESPACE, name=name)
         ).items():
             job_index[key].append(value)
-        keys = _sync(controllers.tpu_slices(body=slice_, namespace=NAMESPACE, name=slice_name))
+        keys = run_sync(controllers.tpu_slices(body=slice_, namespace=NAMESPACE, name=slice_name))
         for key, value in keys.items():
             slice_index[key].append(value)
     return Caches(pods=Store(), slices=slice_index, jobs=job_index, nodes={})

@@ -55,7 +55,7 @@ def merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
             target[key] = copy.deepcopy(value)
 
 
-def _sync(coroutine: Any) -> Any:
+def run_sync(coroutine: Any) -> Any:
     """Run a coroutine that never suspends (the kopf index functions) to its result."""
     try:
         coroutine.send(None)
@@ -279,7 +279,7 @@ class FakeCluster:
             "metadata": {"name": name, "namespace": NS, "labels": labels or {}},
             "spec": spec,
         }
-        _sync(self.create(path, body))
+        run_sync(self.create(path, body))
         self.requests.pop()
 
     def apply_slice(self, name: str, spec: dict[str, Any]) -> None:
@@ -290,7 +290,7 @@ class FakeCluster:
             "metadata": {"name": name, "namespace": NS},
             "spec": spec,
         }
-        _sync(self.create(path, body))
+        run_sync(self.create(path, body))
         self.requests.pop()
 
     def job(self, name: str) -> dict[str, Any]:
@@ -453,13 +453,13 @@ class FakeCluster:
             elif f"/{contract.SLICE_PLURAL}/" in key:
                 meta = obj["metadata"]
                 kind = "slices"
-                keys = _sync(
+                keys = run_sync(
                     controllers.tpu_slices(body=obj, namespace=meta["namespace"], name=meta["name"])
                 )
             elif f"/{contract.JOB_PLURAL}/" in key:
                 meta = obj["metadata"]
                 kind = "jobs"
-                keys = _sync(
+                keys = run_sync(
                     controllers.tpu_jobs(body=obj, namespace=meta["namespace"], name=meta["name"])
                 )
             else:

@@ -11,6 +11,7 @@ import kopf
 import pytest
 from kopf._core.engines.indexing import OperatorIndexer, OperatorIndexers
 
+from tests.unit.fakeapi import run_sync
 from tpu_operator import contract, controllers
 from tpu_operator.runtime import audit
 from tpu_operator.runtime.audit import CacheAudit, stale
@@ -21,14 +22,6 @@ from tpu_operator.runtime.listwatch import NODES, PODS, Store, identity_of
 pytestmark = pytest.mark.unit
 
 NS = "ml"
-
-
-def _sync(coroutine: Any) -> Any:
-    try:
-        coroutine.send(None)
-    except StopIteration as done:
-        return done.value
-    raise AssertionError("the index function awaited something")
 
 
 def pod(name: str, uid: str, *, slice_name: str = "train-0", worker: int = 0, node: str = "n-0"):
@@ -82,7 +75,7 @@ class Indexes:
             store.put(ident, view, watched.keys(view, ident))
             return
         function = controllers.tpu_jobs if kind == "jobs" else controllers.tpu_slices
-        keys = _sync(
+        keys = run_sync(
             function(body=kopf.Body(body), namespace=meta.get("namespace"), name=meta["name"])
         )
         self.indexers[kind].replace(self._keys.make_key(kopf.Body(body)), keys)

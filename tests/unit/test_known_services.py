@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.fakeapi import FakeCluster, _sync
+from tests.unit.fakeapi import FakeCluster, run_sync
 from tpu_operator.runtime.kube import namespaced
 
 pytestmark = pytest.mark.unit
@@ -30,7 +30,7 @@ def service(name: str, owner_uid: str) -> dict[str, Any]:
 
 def ensure(cluster: FakeCluster, body: dict[str, Any]) -> list[tuple[str, int]]:
     cluster.clear_requests()
-    _sync(cluster.ctx.ensure_service(NS, body))
+    run_sync(cluster.ctx.ensure_service(NS, body))
     return [(r.verb, r.code) for r in cluster.requests]
 
 
