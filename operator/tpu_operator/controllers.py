@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 from collections.abc import Callable
 from typing import Any, cast
@@ -31,6 +30,7 @@ from tpu_operator.runtime.app import OperatorConfig, Runtime
 from tpu_operator.runtime.caches import POOL_RECORD, slice_job_name
 from tpu_operator.runtime.kube import connection_info, load_configuration
 from tpu_operator.runtime.leader import LeaderElector
+from tpu_operator.state.views import shared_copy
 
 log = logging.getLogger(__name__)
 RUNTIME_KEY = "runtime"
@@ -70,13 +70,14 @@ again, for every job applied that way. Nothing in the operator reads it."""
 
 def _snapshot(body: kopf.Body) -> dict[str, Any]:
     """A plain copy of a TPUJob or TPUSlice (the reconcilers read spec, status, metadata),
-    without what only makes a cached body larger: managed fields and kubectl's copy."""
-    raw = copy.deepcopy({k: v for k, v in body.items() if k != "metadata"})
+    without what only makes a cached body larger: managed fields and kubectl's copy. Its
+    strings are shared with the other cached copies (``shared_copy``)."""
+    raw: dict[str, Any] = shared_copy({k: v for k, v in body.items() if k != "metadata"})
     meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
     annotations = meta.get("annotations")
     if annotations and LAST_APPLIED in annotations:
         meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
-    raw["metadata"] = copy.deepcopy(meta)
+    raw["metadata"] = shared_copy(meta)
     return raw
 
 

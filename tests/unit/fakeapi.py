@@ -33,7 +33,7 @@ from tpu_operator.reconcile.slices import SliceReconciler
 from tpu_operator.runtime.caches import Caches, identity_of
 from tpu_operator.runtime.events import ObjectRef
 from tpu_operator.runtime.kube import ApiError, namespaced
-from tpu_operator.runtime.listwatch import Store, node_keys, pod_attempt, pod_keys
+from tpu_operator.runtime.listwatch import PODS, node_keys
 from tpu_operator.state.views import node_view, pod_view
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -440,15 +440,15 @@ class FakeCluster:
         indexes: dict[str, defaultdict[Any, list[Any]]] = {
             kind: defaultdict(list) for kind in ("slices", "jobs", "nodes")
         }
-        pods = Store(tally=pod_attempt)
+        pods = PODS.store()
         for key, obj in self.objects.items():
             if key.startswith("/api/v1/nodes/"):
                 node = node_view(obj)
-                kind, keys = "nodes", node_keys(node, obj["metadata"].get("uid", ""))
+                kind, keys = "nodes", node_keys(node)
             elif "/pods/" in key:
                 view = pod_view(obj)
                 if view is not None:  # the operator's own pod store, with its counts
-                    pods.put(identity_of(obj), view, pod_keys(view))
+                    pods.put(identity_of(obj), view)
                 continue
             elif f"/{contract.SLICE_PLURAL}/" in key:
                 meta = obj["metadata"]

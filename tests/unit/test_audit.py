@@ -17,7 +17,7 @@ from tpu_operator.runtime import audit
 from tpu_operator.runtime.audit import CacheAudit, stale
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.runtime.kube import RequestRecord
-from tpu_operator.runtime.listwatch import NODES, PODS, Store, identity_of
+from tpu_operator.runtime.listwatch import NODES, PODS, identity_of
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +64,7 @@ class Indexes:
     def __init__(self) -> None:
         # kopf keeps TPUJobs and TPUSlices; the operator's own list-and-watch the others.
         self.indexers = {kind: OperatorIndexer() for kind in ("jobs", "slices")}
-        self.own = {"pods": (Store(), PODS), "nodes": (Store(), NODES)}
+        self.own = {"pods": (PODS.store(), PODS), "nodes": (NODES.store(), NODES)}
         self._keys = OperatorIndexers()
 
     def put(self, kind: str, body: dict[str, Any]) -> None:
@@ -72,7 +72,7 @@ class Indexes:
         if kind in self.own:
             store, watched = self.own[kind]
             ident, view = identity_of(body), watched.view(body)
-            store.put(ident, view, watched.keys(view, ident))
+            store.put(ident, view)
             return
         function = controllers.tpu_jobs if kind == "jobs" else controllers.tpu_slices
         keys = run_sync(

@@ -71,11 +71,11 @@ def view(body: dict[str, Any]) -> PodView:
 
 def put(store: Store, body: dict[str, Any]) -> None:
     ident, found = identity_of(body), view(body)
-    store.put(ident, found, PODS.keys(found, ident))
+    store.put(ident, found)
 
 
 def test_the_store_files_a_pod_under_every_key_and_moves_it_when_it_changes():
-    store = Store()
+    store = PODS.store()
     caches = Caches(pods=store, slices={}, jobs={}, nodes={})
     put(store, pod("j-0-0", "u0", pool="p1"))
     assert [p.name for p in caches.pods_of_slice(NS, "j-0")] == ["j-0-0"]
@@ -91,13 +91,13 @@ def test_the_store_files_a_pod_under_every_key_and_moves_it_when_it_changes():
 
 
 def test_a_standalone_slice_pod_has_no_job_key():
-    store = Store()
+    store = PODS.store()
     put(store, pod("s-0", "u0", job="s", slice_name="s"))
     assert set(store) == {("slice", NS, "s")}
 
 
 def test_the_store_counts_a_jobs_pods_by_attempt_through_every_change():
-    store = Store(tally=listwatch.pod_attempt)
+    store = PODS.store()
     caches = Caches(pods=store, slices={}, jobs={}, nodes={})
 
     def attempts() -> dict[int, int]:
@@ -120,7 +120,7 @@ def test_the_store_counts_a_jobs_pods_by_attempt_through_every_change():
 
 
 def test_a_standalone_slice_pod_is_not_counted_under_any_job():
-    store = Store(tally=listwatch.pod_attempt)
+    store = PODS.store()
     put(store, pod("s-0", "u0", job="s", slice_name="s"))
     assert store._counts == {}
 
@@ -135,12 +135,12 @@ def test_a_standalone_slice_pod_is_not_counted_under_any_job():
     ],
 )
 def test_attempts_of_a_job_are_the_same_from_the_counts_and_from_its_pods(pods):
-    counted = Store(tally=listwatch.pod_attempt)
+    counted = PODS.store()
     walked: dict[Any, list[PodView]] = {}
     for i, (name, attempt) in enumerate(pods):
         body = pod(name, f"u{i}", slice_name=name.rsplit("-", 1)[0], attempt=attempt)
         put(counted, body)
-        for key, value in PODS.keys(view(body), identity_of(body)).items():
+        for key, value in PODS.keys(view(body)).items():
             walked.setdefault(key, []).append(value)
     by_counts = Caches(pods=counted, slices={}, jobs={}, nodes={}).attempts_of_job(NS, "j")
     by_pods = Caches(pods=walked, slices={}, jobs={}, nodes={}).attempts_of_job(NS, "j")
@@ -148,13 +148,48 @@ def test_attempts_of_a_job_are_the_same_from_the_counts_and_from_its_pods(pods):
 
 
 def test_a_discarded_pod_leaves_every_key_of_the_store():
-    store = Store()
+    store = PODS.store()
     caches = Caches(pods=store, slices={}, jobs={}, nodes={})
     put(store, pod("j-0-0", "u0", node="n1"))
     assert [p.name for p in caches.pods_on_node("n1")] == ["j-0-0"]
     store.discard((NS, "j-0-0", "u0"))
     assert caches.pods_on_node("n1") == [] and caches.pods_of_slice(NS, "j-0") == []
     assert caches.pods_of_job(NS, "j") == [] and len(store) == 0
+
+
+def test_views_decoded_apart_share_their_repeated_strings():
+    # Two watch events of two pods of one slice on one pool: each decoded on its own.
+    a, b = (
+        view(loads_core(json.dumps(pod(f"j-0-{i}", f"u{i}", node=f"n{i}", pool="p1")).encode()))
+        for i in range(2)
+    )
+    for field in ("namespace", "job_name", "slice_name", "phase", "pool"):
+        assert getattr(a, field) is getattr(b, field), field
+    node = NODES.view(loads_core(json.dumps({"metadata": {"name": "n0"}}).encode()))
+    assert node.name is a.node, "a pod's node name is its node view's"
+
+
+def test_the_store_keeps_no_record_of_keys_per_object():
+    # The keys an object is filed under are worked out from its view when it changes or
+    # goes; nothing per object is kept beside the view and its entries under those keys.
+    store = PODS.store()
+    for i in range(3):
+        put(store, pod(f"j-0-{i}", f"u{i}", node=f"n{i}", pool="p1"))
+    assert set(vars(store)) == {"_keys_of", "_views", "_keys", "_tally", "_counts"}
+    put(store, pod("j-0-0", "u0", node="n9", pool="p2", slice_name="j-1", attempt=2))
+    assert set(store) == {
+        ("slice", NS, "j-0"),
+        ("slice", NS, "j-1"),
+        ("job", NS, "j"),
+        ("node", "n1"),
+        ("node", "n2"),
+        ("node", "n9"),
+        ("pool", "p1"),
+        ("pool", "p2"),
+    }, "a moved pod leaves every key of its earlier view"
+    for i in range(3):
+        store.discard((NS, f"j-0-{i}", f"u{i}"))
+    assert len(store) == 0 and store.objects == 0
 
 
 @pytest.mark.parametrize(
@@ -209,7 +244,7 @@ class Events:
 
 def watch() -> tuple[ListWatch, Events]:
     events = Events()
-    return ListWatch(PODS, None, None, Store(), events), events  # type: ignore[arg-type]
+    return ListWatch(PODS, None, None, PODS.store(), events), events  # type: ignore[arg-type]
 
 
 def line(kind: str, body: dict[str, Any]) -> bytes:
@@ -273,7 +308,7 @@ class Pages:
 
 def test_a_list_pages_through_and_drops_pods_deleted_while_no_watch_ran():
     events = Events()
-    store = Store()
+    store = PODS.store()
     put(store, pod("j-0-7", "gone"))
     put(store, pod("j-0-0", "u0"))
     pages = Pages([pod(f"j-0-{i}", f"u{i}", phase="Running") for i in range(5)])
@@ -289,9 +324,9 @@ def test_a_list_pages_through_and_drops_pods_deleted_while_no_watch_ran():
     )
 
 
-def test_nodes_are_cluster_scoped_and_filed_by_name_pool_and_uid():
+def test_nodes_are_cluster_scoped_and_filed_by_name_and_pool():
     listed: list[int] = []
-    store = Store()
+    store = NODES.store()
     w = ListWatch(NODES, None, None, store, Events(), namespaces=[NS], on_listed=listed.append)  # type: ignore[arg-type]
     assert w.namespaces == [None], "nodes are listed cluster-wide even in namespaced mode"
     node = {
@@ -305,7 +340,7 @@ def test_nodes_are_cluster_scoped_and_filed_by_name_pool_and_uid():
         "status": {"conditions": [{"type": "Ready", "status": "True"}]},
     }  # fmt: skip
     w._apply(line("ADDED", node), "2")
-    caches = Caches(pods=Store(), slices={}, jobs={}, nodes=store)
+    caches = Caches(pods=PODS.store(), slices={}, jobs={}, nodes=store)
     assert caches.node("n1") is not None and caches.node("n1").pool == "p1"
     w._apply(line("DELETED", node), "3")
     caches.nodes_changed()  # as the runtime's node_event does first
@@ -315,7 +350,7 @@ def test_nodes_are_cluster_scoped_and_filed_by_name_pool_and_uid():
 def test_an_event_that_changes_nothing_the_operator_reads_wakes_nothing():
     events = Events()
     counted: list[int] = []
-    w = ListWatch(PODS, None, None, Store(), events, count=lambda: counted.append(1))  # type: ignore[arg-type]
+    w = ListWatch(PODS, None, None, PODS.store(), events, count=lambda: counted.append(1))  # type: ignore[arg-type]
     w._apply(line("ADDED", pod("j-0-0", "u0", version="5")), "4")
     annotated = pod("j-0-0", "u0", version="6")
     annotated["metadata"]["annotations"] = {"example.com/note": "x"}

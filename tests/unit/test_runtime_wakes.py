@@ -14,7 +14,6 @@ import pytest
 from tpu_operator import contract
 from tpu_operator.runtime.app import OperatorConfig, Runtime
 from tpu_operator.runtime.caches import identity_of
-from tpu_operator.runtime.listwatch import PODS
 from tpu_operator.state.views import node_view, pod_view
 
 pytestmark = pytest.mark.unit
@@ -82,7 +81,7 @@ def test_a_pod_event_wakes_its_slice_and_job_urgently_only_if_it_may_end_the_att
 ) -> None:
     view = pod_view(body)
     assert view is not None
-    runtime.pod_watch.store.put(identity_of(body), view, PODS.keys(view, identity_of(body)))
+    runtime.pod_watch.store.put(identity_of(body), view)
     runtime.pod_event(type_, view)
     assert runtime.slices.calls == [(("ml", "j-0"), urgent)]
     assert runtime.jobs.calls == [(("ml", "j"), urgent)]
@@ -95,7 +94,7 @@ def test_a_node_event_is_urgent_for_its_pods_when_the_node_is_lost(
     body = pod()
     view = pod_view(body)
     assert view is not None
-    runtime.pod_watch.store.put(identity_of(body), view, PODS.keys(view, identity_of(body)))
+    runtime.pod_watch.store.put(identity_of(body), view)
     node = {
         "metadata": {"name": "n0"},
         "status": {"conditions": [{"type": "Ready", "status": ready}]},

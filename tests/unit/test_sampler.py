@@ -15,7 +15,7 @@ from tpu_operator import contract, worker_metrics
 from tpu_operator.progress import sampler as sampler_module
 from tpu_operator.progress.sampler import ProgressSampler, monitoring_of
 from tpu_operator.runtime.caches import Caches, identity_of
-from tpu_operator.runtime.listwatch import PODS, Store, pod_attempt
+from tpu_operator.runtime.listwatch import PODS
 from tpu_operator.state.views import pod_view
 
 pytestmark = pytest.mark.unit
@@ -44,13 +44,13 @@ def worker_pod(slice_index: int, worker: int, ip: str) -> dict[str, Any]:
 
 
 def caches(leaders_serve: bool) -> Caches:
-    store = Store(tally=pod_attempt)
+    store = PODS.store()
     for s in range(SLICES):
         for w in range(HOSTS):
             body = worker_pod(s, w, SERVING if leaders_serve and w == 0 else SILENT)
             view = pod_view(body)
             assert view is not None
-            store.put(identity_of(body), view, PODS.keys(view, identity_of(body)))
+            store.put(identity_of(body), view)
     return Caches(pods=store, slices={}, jobs={}, nodes={})
 
 
@@ -128,7 +128,7 @@ def test_monitoring_settings_are_parsed_once_per_generation_and_dropped_with_the
 
     for i in range(12_000):  # more jobs than any fixed bound would hold
         put(f"j{i}", 1)
-    sampler = ProgressSampler(Caches(pods=Store(), slices={}, jobs=jobs, nodes={}), print)
+    sampler = ProgressSampler(Caches(pods=PODS.store(), slices={}, jobs=jobs, nodes={}), print)
     sampler.tick()
     sampler.tick()
     assert len(parsed) == 12_000

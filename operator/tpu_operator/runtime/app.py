@@ -39,7 +39,7 @@ from tpu_operator.runtime.control import ControlChannel, load_master_key
 from tpu_operator.runtime.events import EventRecorder
 from tpu_operator.runtime.kube import ApiError, Kube, RequestRecord, load_configuration
 from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
-from tpu_operator.runtime.listwatch import NODES, PODS, Kind, ListWatch, OnEvent, Store, pod_attempt
+from tpu_operator.runtime.listwatch import NODES, PODS, Kind, ListWatch, OnEvent, Store
 from tpu_operator.runtime.workqueue import WorkQueue
 from tpu_operator.state.gang import may_end_attempt
 from tpu_operator.state.views import NodeView, PodView
@@ -117,7 +117,7 @@ class Runtime:
         self.kube = Kube(
             kube_config, concurrency=config.api_concurrency, observer=self._api_request
         )
-        pods, nodes = Store(tally=pod_attempt), Store()
+        pods, nodes = PODS.store(), NODES.store()
         self.caches = Caches(pods=pods, slices=slices, jobs=jobs, nodes=nodes)
 
         def watch(kind: Kind, store: Store, on_event: OnEvent, **options: Any) -> ListWatch:

@@ -12,7 +12,7 @@ filled before anything reconciles and maps a key to a collection of values; the 
 - jobs: ("job", ns, name) -> TPUJob body; ("pool", pool) -> the holder an active job's
   ``status.nodePools`` records (``reconcile/pools.py``, rule 2: looked up per pool, so
   an allocation does not read every job and slice of the cluster)
-- nodes: ("node", name) / ("tpu",) -> NodeView; ("uid", name) -> the node's UID
+- nodes: ("node", name) / ("tpu",) -> NodeView
 - workloads (only with ``--kueue``): (ns, job) -> the Kueue Workload owned by that TPUJob
 
 Pods that were deleted leave a tombstone (their last state) so a gang can tell why a

@@ -89,11 +89,13 @@ def pod_attempt(view: PodView) -> tuple[Any, int] | None:
     return None
 
 
-def node_keys(view: NodeView, uid: str) -> Keys:
+def node_keys(view: NodeView) -> Keys:
     """The index keys of a TPU node (``runtime/caches.py``)."""
-    return {("node", view.name): view, ("tpu",): view, ("uid", view.name): uid}
+    return {("node", view.name): view, ("tpu",): view}
 
 
+KeysOf = Callable[[Any], Keys]
+"""The index keys of a view (a pure function of it: ``pod_keys``, ``node_keys``)."""
 Tally = Callable[[Any], tuple[Any, Any] | None]
 """What a stored view is counted under, if anything: (group, value)."""
 NO_COUNTS: Mapping[Any, int] = MappingProxyType({})
@@ -106,9 +108,12 @@ class Store(Mapping[Any, Collection[Any]]):
     (``counts``): a question such as "which restart attempts do this job's pods belong
     to" is then answered from a few counters, not by walking the job's pods."""
 
-    def __init__(self, tally: Tally | None = None) -> None:
+    def __init__(self, keys: KeysOf, tally: Tally | None = None) -> None:
+        self._keys_of = keys
         self._views: dict[Identity, Any] = {}
-        self._filed: dict[Identity, Keys] = {}
+        # The keys an object is filed under are not kept with it: they are worked out
+        # from its stored view again when it changes or goes. Kept, they cost a dict and
+        # a tuple per key for every pod and node (about 9 MB at 10,000 of each).
         self._keys: dict[Any, dict[Identity, Any]] = {}
         self._tally = tally
         self._counts: dict[Any, Counter[Any]] = {}
@@ -142,26 +147,25 @@ class Store(Mapping[Any, Collection[Any]]):
         """How many stored views ``tally`` puts in ``group`` with each value (live)."""
         return self._counts.get(group, NO_COUNTS)
 
-    def put(self, ident: Identity, view: Any, keys: Keys) -> Any:
-        """Store ``view`` under ``keys``, replacing the object's earlier entries; return
+    def put(self, ident: Identity, view: Any) -> Any:
+        """Store ``view`` under its keys, replacing the object's earlier entries; return
         the earlier view (None if the object is new)."""
         old = self._views.get(ident)
-        if ident in self._filed:
-            self._unfile(ident)
+        if old is not None:
+            self._unfile(ident, old)
             self._count(old, -1)
         self._views[ident] = view
-        self._filed[ident] = keys
-        for key, value in keys.items():
+        for key, value in self._keys_of(view).items():
             self._keys.setdefault(key, {})[ident] = value
         self._count(view, 1)
         return old
 
     def discard(self, ident: Identity) -> Any:
         """Drop an object under every key; return its last view (None if not stored)."""
-        if ident not in self._filed:
+        view = self._views.pop(ident, None)
+        if view is None:
             return None
-        self._unfile(ident)
-        view = self._views.pop(ident)
+        self._unfile(ident, view)
         self._count(view, -1)
         return view
 
@@ -180,8 +184,8 @@ class Store(Mapping[Any, Collection[Any]]):
     # kopf's indexes drop an object through ``_discard``; ``Caches.forget`` calls that.
     _discard = discard
 
-    def _unfile(self, ident: Identity) -> None:
-        for key in self._filed.pop(ident):
+    def _unfile(self, ident: Identity, view: Any) -> None:
+        for key in self._keys_of(view):
             entries = self._keys.get(key)
             if entries is not None:
                 entries.pop(ident, None)
@@ -200,7 +204,12 @@ class Kind:
     label_selector: str
     view: Callable[[Mapping[str, Any]], Any]
     """The cached view of an object, or None to leave the object out."""
-    keys: Callable[[Any, Identity], Keys]
+    keys: KeysOf
+    tally: Tally | None = None
+
+    def store(self) -> Store:
+        """An empty store of this kind's views."""
+        return Store(self.keys, self.tally)
 
     def path(self, namespace: str | None) -> str:
         if namespace:
@@ -208,15 +217,8 @@ class Kind:
         return f"/api/v1/{self.plural}"
 
 
-PODS = Kind("pods", "pods", True, contract.LABEL_SLICE_NAME, pod_view, lambda v, _: pod_keys(v))
-NODES = Kind(
-    "nodes",
-    "nodes",
-    False,
-    contract.NODE_LABEL_ACCELERATOR,
-    node_view,
-    lambda v, ident: node_keys(v, ident[2]),
-)
+PODS = Kind("pods", "pods", True, contract.LABEL_SLICE_NAME, pod_view, pod_keys, pod_attempt)
+NODES = Kind("nodes", "nodes", False, contract.NODE_LABEL_ACCELERATOR, node_view, node_keys)
 
 
 class Gone(Exception):
@@ -310,7 +312,7 @@ class ListWatch:
         view = self.kind.view(body)
         if view is None:
             return ident, None, False
-        old = self.store.put(ident, view, self.kind.keys(view, ident))
+        old = self.store.put(ident, view)
         return ident, view, old != view
 
     async def list_once(self, namespace: str | None) -> str:

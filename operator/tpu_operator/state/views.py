@@ -6,9 +6,10 @@ hundred bytes each, and every assessment reads only these fields.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from tpu_operator import contract
 from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_ref
@@ -17,6 +18,33 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """The node's machine type (``ct6e-standard-4t``), set by GKE on every node."""
 
 _DISRUPTION_STATUS_REASONS = {"Evicted", "Preempting", "Terminated", "Shutdown", "NodeLost"}
+
+
+@overload
+def _shared(value: str) -> str: ...
+@overload
+def _shared(value: str | None) -> str | None: ...
+def _shared(value: str | None) -> str | None:
+    """One string object for every view holding the same text (``sys.intern``).
+
+    Most of a view's strings repeat across thousands of pods and nodes: namespace, job,
+    slice, phase, node pool, the node's name in its pods' views, timestamps of the same
+    second. Each decoded event brings its own copies, and the views held them all. Interned
+    strings are dropped again once no view holds them."""
+    return sys.intern(value) if type(value) is str else value
+
+
+def shared_copy(value: Any) -> Any:
+    """A copy of a decoded JSON document (dicts, lists, scalars) whose strings, keys and
+    values alike, are shared with every other copy holding the same text (``_shared``).
+
+    The cached TPUJobs and TPUSlices repeat most of their strings: every key, condition
+    types and reasons, the pod template of a job in each of its slices."""
+    if isinstance(value, dict):
+        return {_shared(k): shared_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shared_copy(v) for v in value]
+    return _shared(value) if type(value) is str else value
 
 
 def _int(value: object, default: int = -1) -> int:
@@ -178,30 +206,30 @@ def pod_view(body: Mapping[str, Any]) -> PodView | None:
         pool = claim_ref(selector[SLICE_POOL_LABEL])
     return PodView(
         name=meta.get("name", ""),
-        namespace=meta.get("namespace", ""),
+        namespace=_shared(meta.get("namespace", "")),
         uid=meta.get("uid", ""),
-        job_name=labels.get(contract.LABEL_JOB_NAME, slice_name),
-        slice_name=slice_name,
+        job_name=_shared(labels.get(contract.LABEL_JOB_NAME, slice_name)),
+        slice_name=_shared(slice_name),
         slice_index=_int(labels.get(contract.LABEL_SLICE_INDEX), 0),
         worker_index=_int(labels.get(contract.LABEL_WORKER_INDEX)),
         attempt=_int(labels.get(contract.LABEL_RESTART_ATTEMPT), 0),
-        phase=status.get("phase") or "Pending",
+        phase=_shared(status.get("phase") or "Pending"),
         ready=ready,
-        deletion_deadline=meta.get("deletionTimestamp"),
-        node=spec.get("nodeName"),
-        pool=pool,
+        deletion_deadline=_shared(meta.get("deletionTimestamp")),
+        node=_shared(spec.get("nodeName")),
+        pool=_shared(pool),
         pod_ip=status.get("podIP"),
         exit_code=exit_code,
-        exit_reason=exit_reason,
-        disruption=disruption,
-        unschedulable=unschedulable,
-        created=meta.get("creationTimestamp"),
-        started=status.get("startTime"),
-        finished=finished,
+        exit_reason=_shared(exit_reason),
+        disruption=_shared(disruption),
+        unschedulable=_shared(unschedulable),
+        created=_shared(meta.get("creationTimestamp")),
+        started=_shared(status.get("startTime")),
+        finished=_shared(finished),
         worker_exit=_worker_exit(status),
         supervised=(meta.get("annotations") or {}).get(contract.ANNOTATION_SUPERVISED) == "true",
-        not_ready_since=not_ready_since if isinstance(not_ready_since, str) else None,
-        worker_started=_worker_started(status),
+        not_ready_since=_shared(not_ready_since) if isinstance(not_ready_since, str) else None,
+        worker_started=_shared(_worker_started(status)),
     )
 
 
@@ -261,17 +289,17 @@ def node_view(body: Mapping[str, Any]) -> NodeView:
     )
     allocatable = status.get("allocatable") or {}
     return NodeView(
-        name=meta.get("name", ""),
-        pool=labels.get(contract.NODE_LABEL_NODEPOOL),
-        accelerator=labels.get(contract.NODE_LABEL_ACCELERATOR),
-        topology=labels.get(contract.NODE_LABEL_TOPOLOGY),
+        name=_shared(meta.get("name", "")),
+        pool=_shared(labels.get(contract.NODE_LABEL_NODEPOOL)),
+        accelerator=_shared(labels.get(contract.NODE_LABEL_ACCELERATOR)),
+        topology=_shared(labels.get(contract.NODE_LABEL_TOPOLOGY)),
         ready=ready,
         unschedulable=bool((body.get("spec") or {}).get("unschedulable")),
         spot=labels.get(contract.NODE_LABEL_SPOT) == "true",
-        reservation=labels.get(contract.NODE_LABEL_RESERVATION),
+        reservation=_shared(labels.get(contract.NODE_LABEL_RESERVATION)),
         tpu_chips=_int(allocatable.get(contract.TPU_RESOURCE), 0),
-        machine_type=labels.get(INSTANCE_TYPE_LABEL),
-        slice_pool=labels.get(SLICE_POOL_LABEL),
+        machine_type=_shared(labels.get(INSTANCE_TYPE_LABEL)),
+        slice_pool=_shared(labels.get(SLICE_POOL_LABEL)),
         disruption_notice=maintenance_notice(
             labels, list((body.get("spec") or {}).get("taints") or [])
         ),
