@@ -117,11 +117,18 @@ class Runtime:
         self.kube = Kube(
             kube_config, concurrency=config.api_concurrency, observer=self._api_request
         )
+        self._decoded = 0
+        """Watch events and API answers so far: the allocator is trimmed only after some."""
         pods, nodes = PODS.store(), NODES.store()
         self.caches = Caches(pods=pods, slices=slices, jobs=jobs, nodes=nodes)
 
         def watch(kind: Kind, store: Store, on_event: OnEvent, **options: Any) -> ListWatch:
-            count = self.metrics.watch_events.labels(kind.name).inc
+            counter = self.metrics.watch_events.labels(kind.name)
+
+            def count() -> None:
+                counter.inc()
+                self._decoded += 1
+
             return ListWatch(kind, self.kube, kube_config, store, on_event, count=count, **options)
 
         self.pod_watch = watch(PODS, pods, self.pod_event, namespaces=config.namespaces)
@@ -177,6 +184,7 @@ class Runtime:
         self.slice_reconciler = SliceReconciler(self.context)
         self._resync_task: asyncio.Task[None] | None = None
         self._housekeeping_task: asyncio.Task[None] | None = None
+        self._trim_task: asyncio.Task[None] | None = None
         self.acting = False
         """Whether this replica reconciles (the kopf handlers enqueue only then)."""
         self.listed = asyncio.Event()
@@ -195,6 +203,7 @@ class Runtime:
         self.metrics.watch_leadership(lambda: self.acting)
 
     def _api_request(self, record: RequestRecord) -> None:
+        self._decoded += 1
         self.metrics.api_request(record)
         self.audit.api_request(record)
 
@@ -298,6 +307,7 @@ class Runtime:
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, self.config.bind_address)
         self._housekeeping_task = asyncio.create_task(self._housekeeping(), name="housekeeping")
+        self._trim_task = asyncio.create_task(self._trim(), name="trim")
         self.audit.start()  # a standby's caches must heal too
 
     def start(self) -> None:
@@ -367,8 +377,9 @@ class Runtime:
             await self.context.supervisors.channel.close()
 
     async def stop(self) -> None:
-        if self._housekeeping_task is not None:
-            self._housekeeping_task.cancel()
+        for task in (self._housekeeping_task, self._trim_task):
+            if task is not None:
+                task.cancel()
         await self.audit.stop()
         await self.pod_watch.stop()
         await self.node_watch.stop()
@@ -442,7 +453,19 @@ class Runtime:
             await asyncio.sleep(self.config.resync_seconds)
             self.caches.tombstones.prune()
             self._forget_gone()
-            collector.trim()
+
+    async def _trim(self) -> None:
+        """Hand the allocator's free pages back every ``collector.TRIM_SECONDS`` while
+        anything is decoded (``runtime/collector.py``); in a thread, since a trim walks
+        the heap."""
+        trimmed_at = self._decoded
+        while True:
+            await asyncio.sleep(collector.TRIM_SECONDS)
+            if self._decoded != trimmed_at:
+                trimmed_at = self._decoded
+                started = time.monotonic()
+                await asyncio.to_thread(collector.trim)
+                log.debug("allocator trimmed in %.3f s", time.monotonic() - started)
 
     def _forget_gone(self) -> None:
         """Drop what ``asks`` and ``slice_news`` remember of TPUJobs and TPUSlices no longer
