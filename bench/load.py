@@ -29,13 +29,16 @@ share of a core). Figures are printed as a Markdown table and written to
 ``bench/results/load.json``.
 
     .venv/bin/python bench/load.py [--jobs 1000] [--reps 1] [--steady 60] [--profile DIR]
-        [--tracemalloc DIR]
+        [--tracemalloc DIR | --mallocstats DIR]
 
 The operator runs as its image installs it (``localcluster.images.operator_venv``: the
 ``operator`` extra alone), so its memory is what a cluster would see, not that of the
 development environment (whose extra packages kopf imports when it finds them).
 ``--tracemalloc DIR`` makes it trace its allocations and write, every 20 s, what holds its
 memory (``bench/memhook``); its figures are then no measure of anything else.
+``--mallocstats DIR`` costs nothing measurable: every 20 s the operator appends to
+``DIR/load-N.txt.log`` its RSS, the Python allocator's arenas, live and free bytes, and
+glibc's bytes in use and free, which tell live objects from memory the allocators keep.
 """
 
 from __future__ import annotations
@@ -180,6 +183,8 @@ class Bench:
     """Where py-spy writes the operator's stacks while jobs start and while it restarts."""
     tracemalloc: Path | None = None
     """Where the operator writes what holds its memory (``bench/memhook``), if anywhere."""
+    mallocstats: Path | None = None
+    """Where the operator writes its allocators' statistics (``bench/memhook``), if anywhere."""
     operator_env: dict[str, str] = field(default_factory=dict)
     """Extra environment of the operator (``--operator-env``: an allocator setting, say)."""
     trials: list[dict[str, Any]] = field(default_factory=list)
@@ -244,15 +249,20 @@ async def drain(bench: Bench, namespace: str, pods: PodCounts) -> None:
 
 
 def memhook(bench: Bench, rep: int) -> dict[str, str]:
-    """The environment that makes the operator trace its memory (``--tracemalloc``)."""
-    if bench.tracemalloc is None:
-        return dict(bench.operator_env)
-    bench.tracemalloc.mkdir(parents=True, exist_ok=True)
-    return {
-        **bench.operator_env,
-        "PYTHONPATH": str(Path(__file__).resolve().parent / "memhook"),
-        "TPU_BENCH_TRACEMALLOC": str(bench.tracemalloc / f"load-{rep}.txt"),
-    }
+    """The environment that makes the operator trace its memory (``--tracemalloc``) or
+    report its allocators' statistics (``--mallocstats``)."""
+    for directory, variable in (
+        (bench.tracemalloc, "TPU_BENCH_TRACEMALLOC"),
+        (bench.mallocstats, "TPU_BENCH_MALLOCSTATS"),
+    ):
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            return {
+                **bench.operator_env,
+                "PYTHONPATH": str(Path(__file__).resolve().parent / "memhook"),
+                variable: str(directory / f"load-{rep}.txt"),
+            }
+    return dict(bench.operator_env)
 
 
 async def trial_operator(bench: Bench, rep: int) -> dict[str, Any]:
@@ -468,6 +478,11 @@ def main() -> None:
         help="the operator traces its memory and writes what holds it to this directory",
     )
     parser.add_argument(
+        "--mallocstats",
+        type=Path,
+        help="the operator writes its allocators' statistics to this directory every 20 s",
+    )
+    parser.add_argument(
         "--operator-env",
         nargs="*",
         default=[],
@@ -496,6 +511,7 @@ def main() -> None:
             args.steady,
             args.profile,
             args.tracemalloc,
+            args.mallocstats,
             operator_env,
         )
         asyncio.run(drive(bench, args.reps))
