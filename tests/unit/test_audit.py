@@ -13,7 +13,7 @@ from kopf._core.engines.indexing import OperatorIndexer, OperatorIndexers
 
 from tests.unit.fakeapi import run_sync
 from tpu_operator import contract, controllers
-from tpu_operator.runtime import audit
+from tpu_operator.runtime import audit, collector
 from tpu_operator.runtime.audit import CacheAudit, stale
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.runtime.kube import RequestRecord
@@ -241,6 +241,8 @@ def test_an_audit_follows_relists_and_the_api_answering_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(audit, "SETTLE_SECONDS", 0.01)
+    trims: list[int] = []
+    monkeypatch.setattr(collector, "trim", lambda: trims.append(1))
     indexes = Indexes()
     indexes.put("jobs", job("train", "j1"))
 
@@ -263,6 +265,7 @@ def test_an_audit_follows_relists_and_the_api_answering_again(
             await asyncio.sleep(0.05)
             reasons.append(auditor.last.reason if auditor.last else "")
             assert auditor.audits == 2
+            assert len(trims) == 2, "each round hands the memory of its lists back"
             assert caches.job(NS, "train") is None
         finally:
             await auditor.stop()
