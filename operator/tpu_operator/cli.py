@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, get_args
 
 from tpu_operator import __version__
 from tpu_operator.api.policy import Provisioning
+from tpu_operator.runtime import lease
 from tpu_operator.runtime.collector import DEFAULT_THRESHOLD
 
 if TYPE_CHECKING:
@@ -95,19 +96,19 @@ def _parser() -> argparse.ArgumentParser:
     election.add_argument(
         "--leader-elect-lease-duration",
         type=int,
-        default=15,
+        default=lease.LEASE_DURATION,
         help="seconds a standby waits after the Lease was last renewed before taking it",
     )
     election.add_argument(
         "--leader-elect-renew-deadline",
         type=float,
-        default=10.0,
+        default=lease.RENEW_DEADLINE,
         help="seconds the leader keeps acting without renewing the Lease",
     )
     election.add_argument(
         "--leader-elect-retry-period",
         type=float,
-        default=2.0,
+        default=lease.RETRY_PERIOD,
         help="seconds between two attempts to take or renew the Lease",
     )
     run.add_argument(

@@ -22,12 +22,17 @@ import pytest
 
 from localcluster.testing import wait_until
 from tests.operator.support import Api, OperatorProcess, PodAttemptRecorder, job_manifest
+from tpu_operator.runtime import lease
 
 pytestmark = pytest.mark.integration
 
 LEASE = "tpu-operator-test"
 # The defaults of the CLI and the chart (controller-runtime's), stated for the record.
-LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 15, 10, 2
+LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = (
+    lease.LEASE_DURATION,
+    lease.RENEW_DEADLINE,
+    lease.RETRY_PERIOD,
+)
 # The first attempt runs until a worker is killed; the second finishes at once.
 COMMAND = 'if [ "$TPU_OPERATOR_RESTART_ATTEMPT" = 1 ]; then sleep 300; fi; sleep 1; exit 0'
 

@@ -131,11 +131,14 @@ def election(lock: FencedLeaseLock, lease: LeaseSettings) -> LeaderElection:
 # -- settings -------------------------------------------------------------------------
 
 
-def test_default_settings_are_controller_runtimes_and_valid():
+def test_default_settings_are_valid_and_leave_a_deposed_leader_time_to_notice():
     lease = LeaseSettings(namespace="tpu-system")
-    assert (lease.lease_duration, lease.renew_deadline, lease.retry_period) == (15, 10.0, 2.0)
+    assert (lease.lease_duration, lease.renew_deadline, lease.retry_period) == (12, 8.0, 2.0)
     assert lease.name == "tpu-operator" and lease.problems() == []
-    assert lease.request_timeout == 5.0
+    assert lease.request_timeout == 4.0
+    # A deposed leader stops acting at the renew deadline; another takes over no sooner
+    # than the lease duration after it last saw a renewal: two retry periods in between.
+    assert lease.lease_duration - lease.renew_deadline >= 2 * lease.retry_period
 
 
 @pytest.mark.parametrize(
@@ -143,7 +146,7 @@ def test_default_settings_are_controller_runtimes_and_valid():
     [
         ({"retry_period": 0.5}, "retry period must be at least 1 s"),
         ({"renew_deadline": 2.4}, "renew deadline (2.4 s) must be longer than 1.2 x"),
-        ({"lease_duration": 10}, "lease duration (10 s) must be longer than the renew"),
+        ({"lease_duration": 8}, "lease duration (8 s) must be longer than the renew"),
         ({"namespace": "Not_A_Name"}, "namespace 'Not_A_Name' is not a valid"),
         ({"name": ""}, "lease name '' is not a valid"),
     ],
@@ -335,7 +338,7 @@ def test_flags_build_the_lease_settings(monkeypatch):
     assert cli.lease_settings(parser.parse_args(["run"])) is None
     lease = cli.lease_settings(parser.parse_args(["run", "--leader-elect"]))
     assert lease is not None and lease.namespace == "from-env" and lease.name == "tpu-operator"
-    assert (lease.lease_duration, lease.renew_deadline, lease.retry_period) == (15, 10.0, 2.0)
+    assert lease == LeaseSettings(namespace="from-env", identity=lease.identity)
     lease = cli.lease_settings(
         parser.parse_args(
             [

@@ -51,6 +51,8 @@ from kubernetes.leaderelection.leaderelection import LeaderElection
 from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
+from tpu_operator.runtime.lease import LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD
+
 log = logging.getLogger(__name__)
 # The library logs every attempt at INFO ("lease held by ... and has not expired" every
 # retry period on a standby, "successfully acquired lease" on every renewal); this module
@@ -86,15 +88,15 @@ def default_namespace() -> str:
 
 @dataclass(frozen=True)
 class LeaseSettings:
-    """Where the Lease is and how it is held (controller-runtime's defaults)."""
+    """Where the Lease is and how it is held."""
 
     namespace: str
     name: str = "tpu-operator"
-    lease_duration: int = 15
+    lease_duration: int = LEASE_DURATION
     """Seconds a standby waits, after it last saw the Lease renewed, before taking it."""
-    renew_deadline: float = 10.0
+    renew_deadline: float = RENEW_DEADLINE
     """Seconds the leader keeps acting without a successful renewal."""
-    retry_period: float = 2.0
+    retry_period: float = RETRY_PERIOD
     """Seconds between two attempts to take or renew the Lease."""
     identity: str = field(default_factory=default_identity)
 
