@@ -240,7 +240,7 @@ class Runtime:
             time.monotonic() - started,
         )
         self.own_listed.set()
-        collector.trim()  # the pages are decoded and gone: hand their memory back
+        await collector.trim_off_loop()  # the pages are decoded and gone: hand their memory back
         self.node_watch.start()
         self.pod_watch.start()
 
@@ -464,7 +464,7 @@ class Runtime:
             if self._decoded != trimmed_at:
                 trimmed_at = self._decoded
                 started = time.monotonic()
-                await asyncio.to_thread(collector.trim)
+                await collector.trim_off_loop()
                 log.debug("allocator trimmed in %.3f s", time.monotonic() - started)
 
     def _forget_gone(self) -> None:

@@ -220,7 +220,7 @@ class CacheAudit:
             # The lists' pages (every TPUJob's and TPUSlice's metadata, managed fields
             # included: about 10 MB with 1,000 jobs) are decoded and gone: hand the memory
             # back now rather than at the next periodic trim (``runtime/collector.py``).
-            await asyncio.to_thread(collector.trim)
+            await collector.trim_off_loop()
 
     async def any_exist(self, kinds: Iterable[str]) -> bool:
         """Whether the API has any object of ``kinds`` (in the watched namespaces)."""

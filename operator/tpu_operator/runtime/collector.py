@@ -28,6 +28,7 @@ no-ops.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import gc
 import logging
@@ -85,3 +86,9 @@ def trim() -> None:
     """Return the allocator's free pages to the system (after a large listing)."""
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
+
+
+async def trim_off_loop() -> None:
+    """``trim`` in a thread: a trim walks the heap's free chunks, which takes up to tens of
+    milliseconds after a large listing, and the event loop must not wait for it."""
+    await asyncio.to_thread(trim)
