@@ -44,7 +44,7 @@ def shared_copy(value: Any) -> Any:
         return {_shared(k): shared_copy(v) for k, v in value.items()}
     if isinstance(value, list):
         return [shared_copy(v) for v in value]
-    return _shared(value) if type(value) is str else value
+    return _shared(value)  # strings shared; numbers, booleans and None as they are
 
 
 def _int(value: object, default: int = -1) -> int:
