@@ -27,7 +27,7 @@ from typing import Any
 
 from tpu_operator import contract
 from tpu_operator.runtime.caches import Caches, identity_of
-from tpu_operator.runtime.listwatch import PODS, Store, pod_attempt
+from tpu_operator.runtime.listwatch import PODS
 from tpu_operator.state.views import pod_view
 
 NAMESPACE, JOB, HOSTS_PER_SLICE, ATTEMPT = "bench", "big", 64, 2
@@ -54,12 +54,12 @@ def worker_pod(index: int) -> dict[str, Any]:
 
 
 def filled(hosts: int) -> Caches:
-    store = Store(tally=pod_attempt)
+    store = PODS.store()
     for index in range(hosts):
         body = worker_pod(index)
         view = pod_view(body)
         assert view is not None
-        store.put(identity_of(body), view, PODS.keys(view, identity_of(body)))
+        store.put(identity_of(body), view)
     return Caches(pods=store, slices={}, jobs={}, nodes={})
 
 

@@ -175,7 +175,16 @@ def test_the_store_keeps_no_record_of_keys_per_object():
     store = PODS.store()
     for i in range(3):
         put(store, pod(f"j-0-{i}", f"u{i}", node=f"n{i}", pool="p1"))
-    assert set(vars(store)) == {"_keys_of", "_views", "_keys", "_tally", "_counts"}
+    # (``_versions`` holds one number per slice, not per pod.)
+    assert set(vars(store)) == {
+        "_keys_of",
+        "_views",
+        "_keys",
+        "_tally",
+        "_counts",
+        "_versioned",
+        "_versions",
+    }
     put(store, pod("j-0-0", "u0", node="n9", pool="p2", slice_name="j-1", attempt=2))
     assert set(store) == {
         ("slice", NS, "j-0"),
@@ -373,3 +382,26 @@ def test_pods_decode_the_same_with_the_fast_decoder_and_only_core_kinds_use_it()
     huge = b'{"n": 123456789012345678901234567890}'
     assert json.loads(huge)["n"] == 123456789012345678901234567890
     assert loads_core(huge)["n"] != 123456789012345678901234567890
+
+
+def test_a_slice_version_moves_with_each_change_of_its_pods_and_only_then():
+    store = PODS.store()
+    key = ("slice", NS, "j-0")
+    assert store.version(key) == 0
+    put(store, pod("j-0-0", "u0"))
+    first = store.version(key)
+    assert first > 0
+    put(store, pod("j-0-0", "u0", version="2"))  # a new resourceVersion, the same view
+    assert store.version(key) == first, "an event that changes no view changes nothing"
+    put(store, pod("j-0-0", "u0", phase="Running", version="3"))
+    moved = store.version(key)
+    assert moved > first
+    put(store, pod("j-1-0", "u1", slice_name="j-1"))
+    assert store.version(key) == moved, "another slice's pod is not this slice's"
+    put(store, pod("j-0-0", "u0", slice_name="j-1", phase="Running", version="4"))
+    assert store.version(key) == 0, "its only pod moved out: nothing is filed under it"
+    store.discard((NS, "j-1-0", "u1"))
+    assert store.version(("slice", NS, "j-1")) > moved
+    rebuilt = PODS.store()  # a store built again never repeats a version
+    put(rebuilt, pod("j-0-0", "u0"))
+    assert rebuilt.version(key) not in (0, first, moved)

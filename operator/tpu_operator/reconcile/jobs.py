@@ -17,6 +17,7 @@ The job owns the attempt number. One reconcile runs in three steps (docs/design.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import logging
 from collections.abc import Callable
@@ -57,6 +58,7 @@ from tpu_operator.reconcile.context import (
     mark_invalid,
     write_status,
 )
+from tpu_operator.reconcile.gangs import GangParts, JobGang
 from tpu_operator.reconcile.pools import (
     MIN_REQUEUE_SECONDS,
     POOL_RETRY_SECONDS,
@@ -79,7 +81,9 @@ from tpu_operator.state.gang import (
     WorkerFailure,
     assess,
     members_of,
+    nodes_of,
 )
+from tpu_operator.state.views import PodView
 
 log = logging.getLogger(__name__)
 
@@ -117,14 +121,16 @@ def _slices_path(namespace: str, name: str | None = None) -> str:
 class JobReconciler:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        self.gangs = GangParts()
+        """The slices' parts of each running job's assessment (``reconcile/gangs.py``)."""
 
     async def __call__(self, key: tuple[str, str]) -> float | None:
         namespace, name = key
         body = self.ctx.caches.job(namespace, name)
-        if body is None:
-            self.ctx.reservations.release(job_holder(namespace, name))
-            return None
-        if body["metadata"].get("deletionTimestamp"):
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            self.gangs.forget(namespace, name)
+            if body is None:
+                self.ctx.reservations.release(job_holder(namespace, name))
             return None
         try:
             spec = TPUJobSpec.model_validate(body.get("spec") or {})
@@ -137,7 +143,9 @@ class JobReconciler:
         recorded = status.get("shape") if status.get("attempt") else None
         holder = job_holder(namespace, name)
         shape, note = machine_for(self.ctx, holder, spec.slice, shape, spec.placement, recorded)
-        return await JobRun(self.ctx, body, spec, shape, machine_note=note).reconcile()
+        return await JobRun(
+            self.ctx, body, spec, shape, machine_note=note, gangs=self.gangs
+        ).reconcile()
 
 
 class JobRun:
@@ -150,8 +158,12 @@ class JobRun:
         spec: TPUJobSpec,
         shape: SliceShape,
         machine_note: str = "",
+        gangs: GangParts | None = None,
     ) -> None:
         self.ctx = ctx
+        self.gangs = gangs if gangs is not None else GangParts()
+        self.gang: JobGang | None = None
+        """The attempt assessed slice by slice (None: every pod is walked instead)."""
         self.body = body
         self.raw_spec: dict[str, Any] = body.get("spec") or {}
         self.spec = spec
@@ -181,7 +193,6 @@ class JobRun:
             int((s.get("spec") or {}).get("sliceIndex", 0)): s
             for s in ctx.caches.slices_of_job(self.namespace, self.name)
         }
-        self.pods = ctx.caches.pods_of_job(self.namespace, self.name)
         self.conditions = [c.wire() for c in self.status.conditions]
         self.pending_events: list[tuple[str, str, str]] = []
         self.after_commit: list[Callable[[], None]] = []
@@ -222,6 +233,12 @@ class JobRun:
         )
 
     # helpers
+    @functools.cached_property
+    def pods(self) -> list[PodView]:
+        """Every pod of the job, any attempt (copied out of the cache only if asked for:
+        a running job's reconcile reads its slices' parts instead, ``_gang``)."""
+        return self.ctx.caches.pods_of_job(self.namespace, self.name)
+
     @property
     def holder(self) -> str:
         return job_holder(self.namespace, self.name)
@@ -307,6 +324,7 @@ class JobRun:
             [status.attempt]
             + [int((s.get("spec") or {}).get("attempt", 0)) for s in self.slices.values()]
         )
+        self._gang(attempt)
         self._count_pods()
         if status.phase in TERMINAL_PHASES:
             self._finished()
@@ -403,9 +421,42 @@ class JobRun:
             await self.ctx.kube.delete(path, propagation="Background")
 
     # decisions
+    def _gang(self, attempt: int) -> None:
+        """Assess a running attempt by slices (``reconcile/gangs.py``); a job that runs
+        none (finished, suspended, not started) keeps no parts."""
+        status = self.status
+        if attempt == 0 or self.spec.suspend or status.phase in TERMINAL_PHASES:
+            self.gangs.forget(self.namespace, self.name)
+            return
+        self.gang = self.gangs.assess(
+            self.ctx.caches,
+            namespace=self.namespace,
+            job=self.name,
+            attempt=attempt,
+            num_slices=self.spec.num_slices,
+            hosts=self.shape.hosts,
+            created=self._created(attempt),
+            success_policy=self.spec.success_policy,
+            reports=self.reports,
+        )
+
+    def _created(self, attempt: int) -> frozenset[int]:
+        """Slices that have created every pod of ``attempt`` once (a pod missing from
+        them has vanished, rather than waiting to be created)."""
+        return frozenset(
+            i
+            for i, s in self.slices.items()
+            if int((s.get("spec") or {}).get("attempt", 0)) == attempt
+            and int((s.get("status") or {}).get("createdAttempt", 0)) >= attempt
+        )
+
     def _count_pods(self) -> None:
         status = self.status
-        status.active_pods, status.terminating_pods = stopping_count(self.pods)
+        if self.gang is not None:
+            status.active_pods = self.gang.active_pods
+            status.terminating_pods = self.gang.terminating_pods
+        else:
+            status.active_pods, status.terminating_pods = stopping_count(self.pods)
 
     def _stopped(self) -> None:
         """A suspended or finished job: say whether its pods (and so its pools) are gone."""
@@ -652,20 +703,15 @@ class JobRun:
             return None
         return allocation.pools
 
-    def _assess(self, attempt: int) -> None:
-        status = self.status
+    def _assess_all(self, attempt: int) -> GangState:
+        """The attempt assessed over every pod of the job at once (when ``_gang`` could
+        not assess it by slices)."""
         hosts = self.shape.hosts
         members = [
             m
             for i in range(self.spec.num_slices)
             for m in members_of(contract.slice_name(self.name, i), i, hosts)
         ]
-        created = frozenset(
-            i
-            for i, s in self.slices.items()
-            if int((s.get("spec") or {}).get("attempt", 0)) == attempt
-            and int((s.get("status") or {}).get("createdAttempt", 0)) >= attempt
-        )
         tombstones: dict[str, Any] = {}
         for i in range(self.spec.num_slices):
             tombstones.update(
@@ -673,16 +719,20 @@ class JobRun:
                     self.namespace, contract.slice_name(self.name, i), attempt
                 )
             )
-        state = assess(
+        return assess(
             attempt=attempt,
             members=members,
             pods=self.pods,
-            created_slices=created,
+            created_slices=self._created(attempt),
             tombstones=tombstones,
-            not_ready_nodes=self.ctx.caches.not_ready_nodes(p.node for p in self.pods),
+            not_ready_nodes=self.ctx.caches.not_ready_nodes(nodes_of(self.pods, tombstones)),
             success_policy=self.spec.success_policy,
             reports=self.reports,
         )
+
+    def _assess(self, attempt: int) -> None:
+        status = self.status
+        state = self.gang.state if self.gang is not None else self._assess_all(attempt)
         self._summaries(state)
         self._pods_allowed(attempt, state)
         draining = bool(state.stale)

@@ -60,7 +60,7 @@ from tpu_operator.reconcile.pools import (
 )
 from tpu_operator.runtime.caches import slice_job_name
 from tpu_operator.runtime.kube import ApiError, namespaced
-from tpu_operator.state.gang import GangState, Member, assess, members_of
+from tpu_operator.state.gang import GangState, Member, assess, members_of, nodes_of
 from tpu_operator.state.views import PodView
 
 log = logging.getLogger(__name__)
@@ -192,13 +192,14 @@ class SliceRun:
             if target and status.created_attempt >= target
             else frozenset()
         )
+        tombstones = ctx.caches.tombstones.of_slice(self.namespace, self.name, target)
         state = assess(
             attempt=target,
             members=members_of(self.name, spec.slice_index, self.shape.hosts),
             pods=pods,
             created_slices=created,
-            tombstones=ctx.caches.tombstones.of_slice(self.namespace, self.name, target),
-            not_ready_nodes=ctx.caches.not_ready_nodes(p.node for p in pods),
+            tombstones=tombstones,
+            not_ready_nodes=ctx.caches.not_ready_nodes(nodes_of(pods, tombstones)),
         )
         stopping = spec.suspend or target == 0
         await self._delete_stale(state)

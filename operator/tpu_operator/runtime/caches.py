@@ -28,6 +28,7 @@ the operator's own ``listwatch.Store`` has the same method).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -63,17 +64,27 @@ class NodeSnapshot:
     """Values computed from the nodes alone (node pools), kept as long as the snapshot."""
 
 
+VERSIONS = itertools.count(1)
+"""Version numbers of what the caches hold (``version`` methods here and in
+``listwatch.Store``): drawn from one count, so a number is never seen twice in a process,
+even from caches rebuilt from scratch."""
+
+
 class Tombstones:
     """Last seen state of deleted worker pods, per gang member name."""
 
     def __init__(self) -> None:
         self._by_slice: dict[tuple[str, str], dict[str, tuple[PodView, float]]] = {}
+        self._versions: dict[tuple[str, str], int] = {}
 
     def record(self, pod: PodView) -> None:
-        self._by_slice.setdefault((pod.namespace, pod.slice_name), {})[pod.name] = (
-            pod,
-            time.monotonic(),
-        )
+        key = (pod.namespace, pod.slice_name)
+        self._by_slice.setdefault(key, {})[pod.name] = (pod, time.monotonic())
+        self._versions[key] = next(VERSIONS)
+
+    def version(self, namespace: str, slice_name: str) -> int:
+        """A number that changes whenever the slice's tombstones do (0: it has none)."""
+        return self._versions.get((namespace, slice_name), 0)
 
     def of_slice(self, namespace: str, slice_name: str, attempt: int) -> dict[str, PodView]:
         entries = self._by_slice.get((namespace, slice_name), {})
@@ -81,15 +92,20 @@ class Tombstones:
 
     def forget_slice(self, namespace: str, slice_name: str) -> None:
         self._by_slice.pop((namespace, slice_name), None)
+        self._versions.pop((namespace, slice_name), None)
 
     def prune(self) -> None:
         cutoff = time.monotonic() - TOMBSTONE_TTL
         for key in list(self._by_slice):
             entries = {n: e for n, e in self._by_slice[key].items() if e[1] >= cutoff}
+            if len(entries) == len(self._by_slice[key]):
+                continue
             if entries:
                 self._by_slice[key] = entries
+                self._versions[key] = next(VERSIONS)
             else:
                 del self._by_slice[key]
+                self._versions.pop(key, None)
 
 
 def _values(index: Index, key: Any) -> list[Any]:
@@ -118,6 +134,8 @@ class Caches:
         self._kopf_indexes = {"slices": slices, "jobs": jobs}
         self._workloads: Index | None = None
         self._node_snapshot: NodeSnapshot | None = None
+        self.nodes_version = next(VERSIONS)
+        """Changes with every node event (``nodes_changed``)."""
 
     # Kueue Workloads (docs/kueue.md)
     def attach_workloads(self, index: Index) -> None:
@@ -206,6 +224,13 @@ class Caches:
             return cast(Mapping[int, int], counts(("job", namespace, job))).keys()
         return {p.attempt for p in self.pods_of_job(namespace, job)}
 
+    def pods_version(self, namespace: str, slice_name: str) -> int | None:
+        """A number that changes whenever a pod of the slice changes, comes or goes
+        (``listwatch.Store.version``); None when the pods are a plain mapping (unit
+        tests' indexes), which keeps no versions."""
+        version = getattr(self._pods, "version", None)
+        return None if version is None else cast(int, version(("slice", namespace, slice_name)))
+
     def count_pods_of_slice(self, namespace: str, slice_name: str) -> int:
         return len(self._pods.get(("slice", namespace, slice_name), ()))
 
@@ -232,6 +257,7 @@ class Caches:
         handler, which runs after kopf stored the change, so a snapshot built in between
         never outlives the event."""
         self._node_snapshot = None
+        self.nodes_version = next(VERSIONS)
 
     def _nodes_now(self) -> NodeSnapshot:
         snapshot = self._node_snapshot

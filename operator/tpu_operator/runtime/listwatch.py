@@ -45,7 +45,7 @@ from kubernetes.client import Configuration
 
 from tpu_operator import contract
 from tpu_operator.runtime.audit import stale
-from tpu_operator.runtime.caches import Identity, identity_of
+from tpu_operator.runtime.caches import VERSIONS, Identity, identity_of
 from tpu_operator.runtime.kube import ApiError, Kube, decode, loads_core, status_error
 from tpu_operator.state.views import NodeView, PodView, node_view, pod_view
 
@@ -89,6 +89,12 @@ def pod_attempt(view: PodView) -> tuple[Any, int] | None:
     return None
 
 
+def pod_slice(view: PodView) -> tuple[str, str, str]:
+    """The index key of a pod's slice: the pod store versions what is filed under it
+    (``Store.version``, read by ``reconcile/gangs.py``)."""
+    return ("slice", view.namespace, view.slice_name)
+
+
 def node_keys(view: NodeView) -> Keys:
     """The index keys of a TPU node (``runtime/caches.py``)."""
     return {("node", view.name): view, ("tpu",): view}
@@ -106,9 +112,18 @@ class Store(Mapping[Any, Collection[Any]]):
 
     With ``tally``, the store also keeps, per group, how many views have each value
     (``counts``): a question such as "which restart attempts do this job's pods belong
-    to" is then answered from a few counters, not by walking the job's pods."""
+    to" is then answered from a few counters, not by walking the job's pods.
 
-    def __init__(self, keys: KeysOf, tally: Tally | None = None) -> None:
+    With ``versioned`` (view -> one of its index keys), the store numbers each change
+    under that key (``version``): whoever worked something out from the views under it
+    can tell, from one number, that none of them changed since."""
+
+    def __init__(
+        self,
+        keys: KeysOf,
+        tally: Tally | None = None,
+        versioned: Callable[[Any], Any] | None = None,
+    ) -> None:
         self._keys_of = keys
         self._views: dict[Identity, Any] = {}
         # The keys an object is filed under are not kept with it: they are worked out
@@ -117,6 +132,8 @@ class Store(Mapping[Any, Collection[Any]]):
         self._keys: dict[Any, dict[Identity, Any]] = {}
         self._tally = tally
         self._counts: dict[Any, Counter[Any]] = {}
+        self._versioned = versioned
+        self._versions: dict[Any, int] = {}
 
     def __getitem__(self, key: Any) -> Collection[Any]:
         return self._keys[key].values()
@@ -147,17 +164,29 @@ class Store(Mapping[Any, Collection[Any]]):
         """How many stored views ``tally`` puts in ``group`` with each value (live)."""
         return self._counts.get(group, NO_COUNTS)
 
+    def version(self, key: Any) -> int:
+        """A number that changes whenever a view filed under ``key`` (a key ``versioned``
+        gives) changes, comes or goes; 0 while nothing is filed under it."""
+        return self._versions.get(key, 0)
+
     def put(self, ident: Identity, view: Any) -> Any:
         """Store ``view`` under its keys, replacing the object's earlier entries; return
         the earlier view (None if the object is new)."""
         old = self._views.get(ident)
         if old is not None:
+            if old == view:
+                # Most events change nothing a view holds (a node's heartbeat, a pod's
+                # annotations): its keys and counts are those filed already.
+                return old
             self._unfile(ident, old)
             self._count(old, -1)
         self._views[ident] = view
         for key, value in self._keys_of(view).items():
             self._keys.setdefault(key, {})[ident] = value
         self._count(view, 1)
+        if old is not None:
+            self._version(old)
+        self._version(view)
         return old
 
     def discard(self, ident: Identity) -> Any:
@@ -167,7 +196,17 @@ class Store(Mapping[Any, Collection[Any]]):
             return None
         self._unfile(ident, view)
         self._count(view, -1)
+        self._version(view)
         return view
+
+    def _version(self, view: Any) -> None:
+        if self._versioned is None:
+            return
+        key = self._versioned(view)
+        if key in self._keys:
+            self._versions[key] = next(VERSIONS)
+        else:  # nothing under it: version 0, like a key never seen
+            self._versions.pop(key, None)
 
     def _count(self, view: Any, step: int) -> None:
         found = self._tally(view) if self._tally is not None else None
@@ -206,10 +245,11 @@ class Kind:
     """The cached view of an object, or None to leave the object out."""
     keys: KeysOf
     tally: Tally | None = None
+    versioned: Callable[[Any], Any] | None = None
 
     def store(self) -> Store:
         """An empty store of this kind's views."""
-        return Store(self.keys, self.tally)
+        return Store(self.keys, self.tally, self.versioned)
 
     def path(self, namespace: str | None) -> str:
         if namespace:
@@ -217,7 +257,9 @@ class Kind:
         return f"/api/v1/{self.plural}"
 
 
-PODS = Kind("pods", "pods", True, contract.LABEL_SLICE_NAME, pod_view, pod_keys, pod_attempt)
+PODS = Kind(
+    "pods", "pods", True, contract.LABEL_SLICE_NAME, pod_view, pod_keys, pod_attempt, pod_slice
+)
 NODES = Kind("nodes", "nodes", False, contract.NODE_LABEL_ACCELERATOR, node_view, node_keys)
 
 

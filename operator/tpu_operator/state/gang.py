@@ -12,7 +12,7 @@ collective, 134 when JAX's coordination service aborted it) follows from the oth
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -98,6 +98,10 @@ class GangState:
     """Pods of other attempts (to delete; the next attempt waits until they are gone)."""
     active: list[PodView] = field(default_factory=list)
     """Pods of this attempt that still run or wait to run."""
+    failures: list[WorkerFailure] = field(default_factory=list)
+    """Every failure seen (``failure`` is the one taken as the cause)."""
+    leader_succeeded: bool = False
+    """Worker 0 of slice 0 exited 0 (successPolicy LeaderWorker)."""
 
 
 def may_end_attempt(pod: PodView) -> bool:
@@ -111,6 +115,15 @@ def may_end_attempt(pod: PodView) -> bool:
         or pod.outcome_phase in ("Succeeded", "Failed")
         or pod.process_stopped
     )
+
+
+def nodes_of(pods: Iterable[PodView], tombstones: Mapping[str, PodView]) -> Iterator[str | None]:
+    """The nodes of a gang's pods and of its deleted pods (``assess``'s tombstones): the
+    ones among them that are not Ready or gone are what ``not_ready_nodes`` is asked."""
+    for pod in pods:
+        yield pod.node
+    for pod in tombstones.values():
+        yield pod.node
 
 
 def _where(pod: PodView) -> str:
@@ -289,15 +302,43 @@ def assess(
                 count.ready += 1
             elif pod.unschedulable and state.unschedulable is None:
                 state.unschedulable = (pod.name, pod.unschedulable)
-    for counted in slices.values():
+    state.failures = failures
+    state.leader_succeeded = leader_succeeded
+    return _conclude(state, success_policy)
+
+
+def combine(
+    attempt: int, parts: Iterable[GangState], success_policy: SuccessPolicy = "AllWorkers"
+) -> GangState:
+    """The state of a gang from the states of its slices, each assessed on its own (the
+    members and pods of one slice): the same state ``assess`` gives over all of them, but
+    each slice's part can be kept until its pods change (``reconcile/gangs.py``)."""
+    state = GangState(attempt=attempt, outcome="Creating", total=0)
+    for part in parts:
+        state.slices.update(part.slices)
+        state.to_create.extend(part.to_create)
+        state.stale.extend(part.stale)
+        state.active.extend(part.active)
+        state.failures.extend(part.failures)
+        state.leader_succeeded = state.leader_succeeded or part.leader_succeeded
+        if state.unschedulable is None:  # the first in member order, as ``assess`` finds it
+            state.unschedulable = part.unschedulable
+    return _conclude(state, success_policy)
+
+
+def _conclude(state: GangState, success_policy: SuccessPolicy) -> GangState:
+    """Add up the slices' counts and decide the outcome."""
+    state.total = state.ready = state.succeeded = 0
+    for counted in state.slices.values():
         state.total += counted.total
         state.ready += counted.ready
         state.succeeded += counted.succeeded
-    if failures:
+    if state.failures:
         state.outcome = "Failed"
-        state.failure = _cause(failures)
+        state.failure = _cause(state.failures)
     elif state.total and (
-        state.succeeded == state.total or (success_policy == "LeaderWorker" and leader_succeeded)
+        state.succeeded == state.total
+        or (success_policy == "LeaderWorker" and state.leader_succeeded)
     ):
         state.outcome = "Succeeded"
     elif state.to_create:
