@@ -54,8 +54,9 @@ def caches(leaders_serve: bool) -> Caches:
     return Caches(pods=store, slices={}, jobs={}, nodes={})
 
 
-async def rounds(leaders_serve: bool, count: int) -> tuple[list[str], int]:
-    """Run ``count`` sampling rounds of one Running job; the addresses the sampler read
+async def rounds(leaders_serve: bool, count: int, serve_from: int = 0) -> tuple[list[str], int]:
+    """Run ``count`` sampling rounds of one Running job (its leaders serving metrics
+    from round ``serve_from`` on, if ``leaders_serve``); the addresses the sampler read
     (in order, as the server saw them) and its count of reads."""
     served: list[str] = []
 
@@ -75,11 +76,15 @@ async def rounds(leaders_serve: bool, count: int) -> tuple[list[str], int]:
         "spec": {"ports": {"metrics": port}},
         "status": {"phase": "Running", "attempt": 1},
     }
-    sampler = ProgressSampler(caches(leaders_serve), lambda _key: None, timeout=1.0)
+    silent, serving = caches(False), caches(leaders_serve)
+    first = serving if serve_from == 0 else silent
+    sampler = ProgressSampler(first, lambda _key: None, timeout=1.0)
     sampler.open()  # no sampling loop: the test drives the rounds
     try:
         monitoring = sampler_monitoring(job)
-        for _ in range(count):
+        for number in range(count):
+            if number == serve_from:
+                sampler.caches = serving
             await sampler._sample((NAMESPACE, JOB), job, monitoring)
     finally:
         await sampler.stop()
@@ -93,12 +98,20 @@ def sampler_monitoring(job: dict[str, Any]) -> Any:
     return monitoring
 
 
-def test_a_job_whose_workers_serve_no_metrics_is_read_one_worker_per_slice():
-    """12 rounds: the first reads all 16 workers and none answers; after that only the
-    2 leaders (worker 0 of each slice) are read, the sixth-round full read included."""
+def test_a_job_whose_workers_serve_no_metrics_is_read_one_worker_a_round():
+    """12 rounds: the first reads all 16 workers and none answers; after that one leader
+    (worker 0 of a slice, each slice in turn) is read a round, the sixth round included."""
     served, reads = asyncio.run(rounds(leaders_serve=False, count=12))
     assert served == []
-    assert reads == SLICES * HOSTS + 11 * SLICES  # 38; 52 if every sixth round read all
+    assert reads == SLICES * HOSTS + 11  # 27; 38 with a read per slice, 52 with full rounds
+
+
+def test_a_silent_job_is_read_in_full_again_once_a_leader_answers():
+    """Rounds 1-3 find nobody (16 reads, then one a round); the leaders serve from round
+    4 on: its one read answers, rounds 5 and 6 read both leaders, round 7 everyone."""
+    served, reads = asyncio.run(rounds(leaders_serve=True, count=7, serve_from=3))
+    assert reads == SLICES * HOSTS + 3 + 2 * SLICES + SLICES * HOSTS
+    assert len(served) == 1 + 3 * SLICES
 
 
 def test_once_the_leaders_answer_every_sixth_round_reads_every_worker():
