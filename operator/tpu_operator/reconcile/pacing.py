@@ -9,9 +9,10 @@ least ``interval`` apart per object; a write that changes anything else (phase, 
 condition status or reason, failures, timestamps, progress, the goodput carried over from
 finished attempts) goes out at once.
 
-A reconcile of a job looks at every one of its pods, so its cost grows with the job; while
-pods start or stop, events keep arriving and the job is reconciled as often as its
-spacing allows. ``reconcile_spacing`` grows that spacing with the job's pods (``PER_POD``
+A reconcile of a job looks at every one of its slices, and at every pod of the slices
+whose pods changed since the last one (``reconcile/gangs.py``), so its cost grows with the
+job; while pods start or stop, events keep arriving and the job is reconciled as often as
+its spacing allows. ``reconcile_spacing`` grows that spacing with the job's pods (``PER_POD``
 seconds each, never under the operator's minimum nor over ``MAX_SPACING``): up to 1,000
 pods nothing changes; a 12,736-pod job is looked at no more than every 1.3 s.
 
