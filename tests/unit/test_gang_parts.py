@@ -3,13 +3,13 @@ of its pods at once, and a slice's part worked out again only when its inputs ch
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.test_gang import pod
 from tpu_operator import contract
 from tpu_operator.reconcile.gangs import GangParts
 from tpu_operator.reconcile.pools import stopping_count
@@ -24,31 +24,10 @@ NS, JOB = "ml", "j"
 
 
 def worker(slice_index: int, w: int, attempt: int = 1, **changes: Any) -> PodView:
-    slice_name = contract.slice_name(JOB, slice_index)
-    base = PodView(
-        name=contract.pod_name(slice_name, w),
-        namespace=NS,
-        uid=f"uid-{slice_index}-{w}-{attempt}",
-        job_name=JOB,
-        slice_name=slice_name,
-        slice_index=slice_index,
-        worker_index=w,
-        attempt=attempt,
-        phase="Running",
-        ready=True,
-        deletion_deadline=None,
-        node=f"n-{slice_index}-{w}",
-        pool=None,
-        pod_ip="10.0.0.1",
-        exit_code=None,
-        exit_reason=None,
-        disruption=None,
-        unschedulable=None,
-        created=None,
-        started=None,
-        finished=None,
-    )
-    return replace(base, **changes)
+    name = contract.pod_name(contract.slice_name(JOB, slice_index), w)
+    assert name == f"{JOB}-{slice_index}-{w}"  # as test_gang's pods are named
+    changes.setdefault("node", f"n-{slice_index}-{w}")
+    return pod(name, slice_index=slice_index, worker=w, attempt=attempt, **changes)
 
 
 def node(name: str, ready: bool = True) -> Any:
