@@ -15,9 +15,9 @@ from tests.unit.fakeapi import run_sync
 from tpu_operator import contract, controllers
 from tpu_operator.runtime import audit, collector
 from tpu_operator.runtime.audit import CacheAudit, stale
-from tpu_operator.runtime.caches import Caches
+from tpu_operator.runtime.caches import Caches, identity_of
 from tpu_operator.runtime.kube import RequestRecord
-from tpu_operator.runtime.listwatch import NODES, PODS, identity_of
+from tpu_operator.runtime.listwatch import NODES, PODS
 
 pytestmark = pytest.mark.unit
 

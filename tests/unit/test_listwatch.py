@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tpu_operator import contract
 from tpu_operator.runtime import listwatch
 from tpu_operator.runtime.audit import stale
-from tpu_operator.runtime.caches import Caches
+from tpu_operator.runtime.caches import Caches, identity_of
 from tpu_operator.runtime.kube import ApiError, loads_core
 from tpu_operator.runtime.listwatch import (
     NODES,
@@ -20,7 +23,6 @@ from tpu_operator.runtime.listwatch import (
     Gone,
     ListWatch,
     Store,
-    identity_of,
 )
 from tpu_operator.state.views import PodView, pod_view
 
@@ -405,3 +407,91 @@ def test_a_slice_version_moves_with_each_change_of_its_pods_and_only_then():
     rebuilt = PODS.store()  # a store built again never repeats a version
     put(rebuilt, pod("j-0-0", "u0"))
     assert rebuilt.version(key) not in (0, first, moved)
+
+
+POD_CHANGES = st.lists(
+    st.tuples(
+        st.sampled_from(["j-0-0", "j-0-1", "j-1-0", "s-0"]),  # which pod
+        st.sampled_from([None, "n1", "n2"]),  # its node
+        st.sampled_from([None, "p1", "p2"]),  # its pool
+        st.integers(1, 3),  # its attempt
+        st.sampled_from(["Pending", "Running"]),
+        st.booleans(),  # deleted instead
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(POD_CHANGES)
+def test_a_store_after_any_changes_is_the_store_of_its_last_views(changes):
+    # Store.put moves an object only out of the keys it left and recounts it only when
+    # its tally changed: the outcome must be that of filing the last views afresh.
+    store = PODS.store()
+    last: dict[str, dict[str, Any]] = {}
+    for name, node, pool, attempt, phase, deleted in changes:
+        uid = f"u-{name}"
+        if deleted:
+            store.discard((NS, name, uid))
+            last.pop(name, None)
+            continue
+        slice_name = name.rsplit("-", 1)[0]
+        body = pod(name, uid, job="s" if name == "s-0" else "j", slice_name=slice_name,
+                   node=node, pool=pool, attempt=attempt, phase=phase)  # fmt: skip
+        put(store, body)
+        last[name] = body
+    # What the last views file and count, worked out without a store.
+    keys: dict[Any, dict[Any, PodView]] = {}
+    counts: dict[Any, Counter[int]] = {}
+    for body in last.values():
+        found = view(body)
+        for key, value in PODS.keys(found).items():
+            keys.setdefault(key, {})[identity_of(body)] = value
+        tallied = PODS.tally(found) if PODS.tally else None
+        if tallied is not None:
+            counts.setdefault(tallied[0], Counter())[tallied[1]] += 1
+    assert {k: dict(v) for k, v in store._keys.items()} == keys
+    assert store._counts == counts
+    assert store.objects == len(last)
+    assert set(store._versions) == {k for k in keys if k[0] == "slice"}
+
+
+def test_a_pod_event_as_the_apiserver_sends_it_decodes_to_the_same_view_as_its_json():
+    # The watch decodes into state/documents.py's few fields and skips the rest; nulls,
+    # fields it does not name and empty collections must read as the JSON path reads them.
+    body = pod("j-0-0", "u0", node="n1", pool="p1", phase="Running")
+    body["metadata"].update(annotations=None, managedFields=[{"manager": "kubelet"}],
+                            deletionTimestamp="2026-11-24T16:05:00Z")  # fmt: skip
+    body["spec"]["containers"] = [{"name": "worker", "env": [{"name": "A", "value": "1"}]}]
+    body["status"].update(
+        podIP="10.0.0.1", hostIPs=[{"ip": "10.0.0.5"}], startTime="2026-11-24T16:04:29Z",
+        conditions=[{"type": "Ready", "status": "False", "lastProbeTime": None,
+                     "lastTransitionTime": "2026-11-24T16:04:59Z", "reason": "PodCompleted"},
+                    {"type": "DisruptionTarget", "status": "True",
+                     "reason": "PreemptionByScheduler"}],
+        containerStatuses=[{"name": "sidecar", "state": {"terminated": {"exitCode": 0}}},
+                           {"name": "worker", "lastState": {}, "state": {"terminated":
+                            {"exitCode": 3, "reason": "Error", "finishedAt": "2026-11-24T16:04:58Z",
+                             "startedAt": "2026-11-24T16:04:30Z"}}}],
+    )  # fmt: skip
+    w, events = watch()
+    w._apply(line("MODIFIED", body), "1")
+    (decoded,) = w.store["slice", NS, "j-0"]
+    assert decoded == view(json.loads(json.dumps(body)))
+    assert (decoded.exit_code, decoded.exit_reason, decoded.worker_exit) == (3, "Error", 3)
+    assert decoded.disruption == "PreemptionByScheduler" and decoded.ready is False
+    assert decoded.not_ready_since == "2026-11-24T16:04:59Z" and decoded.pod_ip == "10.0.0.1"
+    assert decoded.deletion_deadline == "2026-11-24T16:05:00Z" and decoded.node == "n1"
+    assert events.seen == [("MODIFIED", "j-0-0", "Running")]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"[1, 2]", b'{"type": "ADDED"}', b'{"type": "ADDED", "object": {"metadata": []}}', b"{"],
+)
+def test_a_watch_line_that_is_no_pod_event_raises_a_value_error(raw):
+    # The watch then logs it and starts again (ListWatch._run); nothing is stored.
+    w, events = watch()
+    with pytest.raises(ValueError):
+        w._apply(raw, "1")
+    assert w.store.objects == 0 and events.seen == []

@@ -49,9 +49,10 @@ def unread(raw: bytes) -> None:
 
 
 def loads_core(raw: bytes) -> Any:
-    """Decode a core-API object or list (pods, nodes; any kind's metadata list) with
-    orjson, 2-2.5x faster than ``json`` on a worker pod; pod events and lists are the
-    operator's most decoded JSON.
+    """Decode a core-API object or list (any kind's metadata list, a watch's ERROR line)
+    with orjson, 2-2.5x faster than ``json`` on a worker pod. (Pod and node events and
+    lists, the operator's most decoded JSON, are decoded into typed documents instead:
+    ``state/documents.py``.)
 
     Only for kinds whose schema bounds every number to 64 bits: orjson reads a larger
     integer as a float where ``json`` keeps it exact, and a custom resource's free-form

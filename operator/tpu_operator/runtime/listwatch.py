@@ -9,9 +9,9 @@ machinery, not the reconcilers, took most of the operator's CPU; after a restart
 nodes it took 45 s to deliver the initial listings, every listed object's worker waking on
 one shared condition. ``ListWatch`` does the same job with only what the operator needs:
 
-- **list** (paged, ``limit=500``) with a label selector, each object decoded once into a
-  view (``PodView``, ``NodeView``) and filed under its index keys; the object itself is
-  dropped at once;
+- **list** (paged, ``limit=500``) with a label selector, each object decoded once, into
+  only the fields its view reads (``state/documents.py``), then into a view (``PodView``,
+  ``NodeView``) filed under its index keys; the object itself is never built;
 - **watch** from the list's resourceVersion with bookmarks, each line decoded and reduced
   the same way; ``410 Gone`` (or a watch error) lists again;
 - **a re-list heals a watch gap by itself**: cached objects the new list does not hold
@@ -36,17 +36,26 @@ import random
 import ssl
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
+import msgspec
 from kubernetes.client import Configuration
 
 from tpu_operator import contract
 from tpu_operator.runtime.audit import stale
-from tpu_operator.runtime.caches import VERSIONS, Identity, identity_of
+from tpu_operator.runtime.caches import VERSIONS, Identity
 from tpu_operator.runtime.kube import ApiError, Kube, decode, loads_core, status_error
+from tpu_operator.state.documents import (
+    ListDocument,
+    ListMetadata,
+    NodeDocument,
+    PodDocument,
+    WatchEvent,
+    metadata_of,
+)
 from tpu_operator.state.views import NodeView, PodView, node_view, pod_view
 
 log = logging.getLogger(__name__)
@@ -105,6 +114,7 @@ KeysOf = Callable[[Any], Keys]
 Tally = Callable[[Any], tuple[Any, Any] | None]
 """What a stored view is counted under, if anything: (group, value)."""
 NO_COUNTS: Mapping[Any, int] = MappingProxyType({})
+NO_LIST_METADATA = ListMetadata()
 
 
 class Store(Mapping[Any, Collection[Any]]):
@@ -173,17 +183,27 @@ class Store(Mapping[Any, Collection[Any]]):
         """Store ``view`` under its keys, replacing the object's earlier entries; return
         the earlier view (None if the object is new)."""
         old = self._views.get(ident)
-        if old is not None:
-            if old == view:
-                # Most events change nothing a view holds (a node's heartbeat, a pod's
-                # annotations): its keys and counts are those filed already.
-                return old
-            self._unfile(ident, old)
-            self._count(old, -1)
+        if old is not None and old == view:
+            # Most events change nothing a view holds (a node's heartbeat, a pod's
+            # annotations): its keys and counts are those filed already.
+            return old
         self._views[ident] = view
-        for key, value in self._keys_of(view).items():
-            self._keys.setdefault(key, {})[ident] = value
-        self._count(view, 1)
+        keys = self._keys_of(view)
+        if old is not None:
+            # Most changes keep an object's keys (a pod's phase moves, its slice and
+            # job stay): only the keys it left lose it.
+            self._unfile(ident, old, keep=keys)
+        for key, value in keys.items():
+            entries = self._keys.get(key)
+            if entries is None:
+                entries = self._keys[key] = {}
+            entries[ident] = value
+        if self._tally is not None:
+            before = self._tally(old) if old is not None else None
+            after = self._tally(view)
+            if before != after:
+                self._count(before, -1)
+                self._count(after, 1)
         if old is not None:
             self._version(old)
         self._version(view)
@@ -195,7 +215,8 @@ class Store(Mapping[Any, Collection[Any]]):
         if view is None:
             return None
         self._unfile(ident, view)
-        self._count(view, -1)
+        if self._tally is not None:
+            self._count(self._tally(view), -1)
         self._version(view)
         return view
 
@@ -208,12 +229,14 @@ class Store(Mapping[Any, Collection[Any]]):
         else:  # nothing under it: version 0, like a key never seen
             self._versions.pop(key, None)
 
-    def _count(self, view: Any, step: int) -> None:
-        found = self._tally(view) if self._tally is not None else None
+    def _count(self, found: tuple[Any, Any] | None, step: int) -> None:
+        """Count ``tally``'s (group, value) of a view by ``step``."""
         if found is None:
             return
         group, value = found
-        counts = self._counts.setdefault(group, Counter())
+        counts = self._counts.get(group)
+        if counts is None:
+            counts = self._counts[group] = Counter()
         counts[value] += step
         if counts[value] <= 0:
             del counts[value]
@@ -223,8 +246,11 @@ class Store(Mapping[Any, Collection[Any]]):
     # kopf's indexes drop an object through ``_discard``; ``Caches.forget`` calls that.
     _discard = discard
 
-    def _unfile(self, ident: Identity, view: Any) -> None:
+    def _unfile(self, ident: Identity, view: Any, keep: Keys | None = None) -> None:
+        """Take ``view``'s object out of its keys (but those in ``keep``)."""
         for key in self._keys_of(view):
+            if keep is not None and key in keep:
+                continue
             entries = self._keys.get(key)
             if entries is not None:
                 entries.pop(ident, None)
@@ -241,11 +267,19 @@ class Kind:
     plural: str
     namespaced: bool
     label_selector: str
-    view: Callable[[Mapping[str, Any]], Any]
-    """The cached view of an object, or None to leave the object out."""
+    document: type[PodDocument] | type[NodeDocument]
+    """What of an object is decoded (``state/documents.py``)."""
+    view: Callable[[Any], Any]
+    """The cached view of a document, or None to leave the object out."""
     keys: KeysOf
     tally: Tally | None = None
     versioned: Callable[[Any], Any] | None = None
+    events: msgspec.json.Decoder[Any] = field(init=False, repr=False, compare=False)
+    pages: msgspec.json.Decoder[Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "events", msgspec.json.Decoder(WatchEvent[self.document]))  # type: ignore[name-defined]
+        object.__setattr__(self, "pages", msgspec.json.Decoder(ListDocument[self.document]))  # type: ignore[name-defined]
 
     def store(self) -> Store:
         """An empty store of this kind's views."""
@@ -258,9 +292,19 @@ class Kind:
 
 
 PODS = Kind(
-    "pods", "pods", True, contract.LABEL_SLICE_NAME, pod_view, pod_keys, pod_attempt, pod_slice
+    "pods",
+    "pods",
+    True,
+    contract.LABEL_SLICE_NAME,
+    PodDocument,
+    pod_view,
+    pod_keys,
+    pod_attempt,
+    pod_slice,
 )
-NODES = Kind("nodes", "nodes", False, contract.NODE_LABEL_ACCELERATOR, node_view, node_keys)
+NODES = Kind(
+    "nodes", "nodes", False, contract.NODE_LABEL_ACCELERATOR, NodeDocument, node_view, node_keys
+)
 
 
 class Gone(Exception):
@@ -344,14 +388,14 @@ class ListWatch:
 
     # Listing ----------------------------------------------------------------------------
 
-    def _put(self, body: Mapping[str, Any]) -> tuple[Identity, Any, bool]:
+    def _put(self, document: PodDocument | NodeDocument) -> tuple[Identity, Any, bool]:
         """File an object under its keys: its identity, its view (None: not cached) and
         whether the view changed (most events change nothing the operator reads: a
         node's status, a pod's annotations; those wake nothing)."""
         if self.count is not None:
             self.count()
-        ident = identity_of(body)
-        view = self.kind.view(body)
+        ident = identity(document)
+        view = self.kind.view(document)
         if view is None:
             return ident, None, False
         old = self.store.put(ident, view)
@@ -365,22 +409,19 @@ class ListWatch:
         listed: set[str] = set()  # UIDs
         version = ""
         while True:
-            page = (
-                await self.kube.request(
-                    "GET", self.kind.path(namespace), query=query, loads=loads_core
-                )
-                or {}
+            page: ListDocument[Any] = await self.kube.request(
+                "GET", self.kind.path(namespace), query=query, loads=self._page
             )
-            for item in page.get("items") or []:
+            for item in page.items or ():
                 ident, view, changed = self._put(item)
                 if view is None:
                     continue
                 listed.add(ident[2])
                 if changed:
                     self.on_event(None, view)
-            meta = page.get("metadata") or {}
-            version = meta.get("resourceVersion") or version
-            token = meta.get("continue")
+            meta = page.metadata or NO_LIST_METADATA
+            version = meta.resourceVersion or version
+            token = meta.continue_
             if not token:
                 break
             query["continue"] = token
@@ -400,7 +441,7 @@ class ListWatch:
                 try:
                     version = await self.list_once(namespace)
                     break
-                except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+                except (ApiError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
                     wait = self._backoff(failures, exc)
                     failures += 1
                     log.warning(
@@ -501,29 +542,55 @@ class ListWatch:
                 version = self._apply(line, version)
         return version
 
+    def _page(self, raw: bytes) -> ListDocument[Any]:
+        try:
+            page: ListDocument[Any] = self.kind.pages.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"a page of {self.kind.name} could not be read: {exc}") from exc
+        return page
+
     def _apply(self, line: bytes, version: str) -> str:
         """Apply one watch event; return the resourceVersion to resume from."""
-        event = loads_core(line)
-        kind = event.get("type")
-        body = event.get("object") or {}
-        if kind == "ERROR":
-            if body.get("code") == 410:
-                raise Gone()
-            raise status_error("WATCH", self.kind.name, int(body.get("code") or 500), body)
-        new_version = (body.get("metadata") or {}).get("resourceVersion") or version
+        try:
+            event: WatchEvent[Any] = self.kind.events.decode(line)
+        except msgspec.ValidationError:
+            _error_event(line, self.kind.name)  # a Status's fields are not a pod's or node's
+        kind, document = event.type, event.object
+        if document is None or kind == "ERROR":
+            _error_event(line, self.kind.name)
+        new_version = metadata_of(document).resourceVersion or version
         if kind == "BOOKMARK":
             return new_version
         if kind == "DELETED":
             if self.count is not None:
                 self.count()
-            view = self.kind.view(body)
-            self.store.discard(identity_of(body))
+            view = self.kind.view(document)
+            self.store.discard(identity(document))
             changed = True
         else:
-            _, view, changed = self._put(body)
+            _, view, changed = self._put(document)
         if view is not None and changed:
             self.on_event(kind, view)  # DELETED: its final state, newer than the stored one
         return new_version
+
+
+def identity(document: PodDocument | NodeDocument) -> Identity:
+    """How a decoded object is filed in the store (``caches.identity_of``)."""
+    meta = metadata_of(document)
+    return meta.namespace, meta.name, meta.uid
+
+
+def _error_event(line: bytes, kind: str) -> NoReturn:
+    """A watch line that is not a pod's or node's event: an ERROR (raised as ``Gone`` or
+    the apiserver's error), or anything else, raised as a ValueError that says what it
+    was (the watch then starts again)."""
+    event = loads_core(line)
+    body = event.get("object") if isinstance(event, dict) else None
+    if not isinstance(body, dict) or event.get("type") != "ERROR":
+        raise ValueError(f"a {kind} watch line is not an event of one: {line[:200]!r}")
+    if body.get("code") == 410:
+        raise Gone()
+    raise status_error("WATCH", kind, int(body.get("code") or 500), body)
 
 
 def _error(status: int, text: str, path: str) -> Exception:

@@ -13,6 +13,20 @@ from typing import Any, overload
 
 from tpu_operator import contract
 from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_ref
+from tpu_operator.state.documents import (
+    EMPTY_METADATA,
+    Condition,
+    ContainerStatus,
+    NodeDocument,
+    NodeSpec,
+    NodeStatus,
+    PodDocument,
+    PodSpec,
+    PodStatus,
+    Taint,
+    Terminated,
+    to_document,
+)
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """The node's machine type (``ct6e-standard-4t``), set by GKE on every node."""
@@ -134,102 +148,107 @@ class PodView:
         return not self.terminal
 
 
-def _worker_termination(status: Mapping[str, Any]) -> tuple[int | None, str | None, str | None]:
+def _worker_termination(
+    statuses: list[ContainerStatus],
+) -> tuple[int | None, str | None, str | None]:
     """Exit code, reason and finish time: the worker container's, else the first failing one."""
-    statuses = list(status.get("containerStatuses") or [])
-    statuses.sort(key=lambda s: s.get("name") != contract.WORKER_CONTAINER)
-    chosen = None
-    for container in statuses:
-        terminated = (container.get("state") or {}).get("terminated")
+    ordered = sorted(statuses, key=lambda s: s.name != contract.WORKER_CONTAINER)
+    chosen: Terminated | None = None
+    for container in ordered:
+        terminated = container.state.terminated if container.state else None
         if terminated is None:
             continue
-        if chosen is None or (chosen.get("exitCode") == 0 and terminated.get("exitCode") != 0):
+        if chosen is None or (chosen.exitCode == 0 and terminated.exitCode != 0):
             chosen = terminated
     if chosen is None:
         return None, None, None
-    return chosen.get("exitCode"), chosen.get("reason"), chosen.get("finishedAt")
+    return chosen.exitCode, chosen.reason, chosen.finishedAt
 
 
-def _worker_started(status: Mapping[str, Any]) -> str | None:
-    for container in status.get("containerStatuses") or []:
-        if container.get("name") == contract.WORKER_CONTAINER:
-            running = (container.get("state") or {}).get("running") or {}
-            started = running.get("startedAt")
-            return started if isinstance(started, str) else None
-    return None
+def _worker_state(statuses: list[ContainerStatus]) -> tuple[str | None, int | None]:
+    """When the worker container started running (while it runs), and its exit code once
+    it has terminated."""
+    for container in statuses:
+        if container.name == contract.WORKER_CONTAINER and container.state is not None:
+            running, terminated = container.state.running, container.state.terminated
+            return (
+                running.startedAt if running is not None else None,
+                terminated.exitCode if terminated is not None else None,
+            )
+    return None, None
 
 
-def _worker_exit(status: Mapping[str, Any]) -> int | None:
-    for container in status.get("containerStatuses") or []:
-        if container.get("name") == contract.WORKER_CONTAINER:
-            terminated = (container.get("state") or {}).get("terminated") or {}
-            code = terminated.get("exitCode")
-            return code if isinstance(code, int) else None
-    return None
+NO_CONDITION = Condition()
+NO_POD_STATUS = PodStatus()
+NO_POD_SPEC = PodSpec()
 
 
-def pod_view(body: Mapping[str, Any]) -> PodView | None:
-    """The view of a worker pod, or None for a pod without the operator's labels."""
-    meta = body.get("metadata") or {}
-    labels = meta.get("labels") or {}
+def pod_view(body: PodDocument | Mapping[str, Any]) -> PodView | None:
+    """The view of a worker pod, or None for a pod without the operator's labels.
+
+    ``body``: the pod as decoded by the watch (``state/documents.py``), or as plain JSON
+    (converted first)."""
+    pod = body if isinstance(body, PodDocument) else to_document(body, PodDocument)
+    meta = pod.metadata or EMPTY_METADATA
+    labels = meta.labels or {}
     slice_name = labels.get(contract.LABEL_SLICE_NAME)
     if not slice_name:
         return None
-    status = body.get("status") or {}
-    conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    ready_condition = conditions.get("Ready") or {}
-    ready = ready_condition.get("status") == "True"
+    status = pod.status or NO_POD_STATUS
+    conditions = {c.type: c for c in status.conditions or ()}
+    ready_condition = conditions.get("Ready", NO_CONDITION)
+    ready = ready_condition.status == "True"
     not_ready_since = (
-        ready_condition.get("lastTransitionTime")
-        if ready_condition.get("status") == "False"
-        else None
+        ready_condition.lastTransitionTime if ready_condition.status == "False" else None
     )
-    disruption_condition = conditions.get("DisruptionTarget") or {}
+    disruption_condition = conditions.get("DisruptionTarget", NO_CONDITION)
     disruption = (
-        disruption_condition.get("reason") or "DisruptionTarget"
-        if disruption_condition.get("status") == "True"
+        disruption_condition.reason or "DisruptionTarget"
+        if disruption_condition.status == "True"
         else None
     )
-    if disruption is None and status.get("reason") in _DISRUPTION_STATUS_REASONS:
-        disruption = status["reason"]
-    scheduled = conditions.get("PodScheduled") or {}
+    if disruption is None and status.reason in _DISRUPTION_STATUS_REASONS:
+        disruption = status.reason
+    scheduled = conditions.get("PodScheduled", NO_CONDITION)
     unschedulable = (
-        scheduled.get("message") or "Unschedulable"
-        if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
+        scheduled.message or "Unschedulable"
+        if scheduled.status == "False" and scheduled.reason == "Unschedulable"
         else None
     )
-    exit_code, exit_reason, finished = _worker_termination(status)
-    spec = body.get("spec") or {}
-    selector = spec.get("nodeSelector") or {}
+    containers = status.containerStatuses or []
+    exit_code, exit_reason, finished = _worker_termination(containers)
+    worker_started, worker_exit = _worker_state(containers)
+    spec = pod.spec or NO_POD_SPEC
+    selector = spec.nodeSelector or {}
     pool = selector.get(contract.NODE_LABEL_NODEPOOL)
     if pool is None and selector.get(SLICE_POOL_LABEL):
         pool = claim_ref(selector[SLICE_POOL_LABEL])
     return PodView(
-        name=meta.get("name", ""),
-        namespace=_shared(meta.get("namespace", "")),
-        uid=meta.get("uid", ""),
+        name=meta.name,
+        namespace=_shared(meta.namespace or ""),
+        uid=meta.uid,
         job_name=_shared(labels.get(contract.LABEL_JOB_NAME, slice_name)),
         slice_name=_shared(slice_name),
         slice_index=_int(labels.get(contract.LABEL_SLICE_INDEX), 0),
         worker_index=_int(labels.get(contract.LABEL_WORKER_INDEX)),
         attempt=_int(labels.get(contract.LABEL_RESTART_ATTEMPT), 0),
-        phase=_shared(status.get("phase") or "Pending"),
+        phase=_shared(status.phase or "Pending"),
         ready=ready,
-        deletion_deadline=_shared(meta.get("deletionTimestamp")),
-        node=_shared(spec.get("nodeName")),
+        deletion_deadline=_shared(meta.deletionTimestamp),
+        node=_shared(spec.nodeName),
         pool=_shared(pool),
-        pod_ip=status.get("podIP"),
+        pod_ip=status.podIP,
         exit_code=exit_code,
         exit_reason=_shared(exit_reason),
         disruption=_shared(disruption),
         unschedulable=_shared(unschedulable),
-        created=_shared(meta.get("creationTimestamp")),
-        started=_shared(status.get("startTime")),
+        created=_shared(meta.creationTimestamp),
+        started=_shared(status.startTime),
         finished=_shared(finished),
-        worker_exit=_worker_exit(status),
-        supervised=(meta.get("annotations") or {}).get(contract.ANNOTATION_SUPERVISED) == "true",
-        not_ready_since=_shared(not_ready_since) if isinstance(not_ready_since, str) else None,
-        worker_started=_shared(_worker_started(status)),
+        worker_exit=worker_exit,
+        supervised=(meta.annotations or {}).get(contract.ANNOTATION_SUPERVISED) == "true",
+        not_ready_since=_shared(not_ready_since),
+        worker_started=_shared(worker_started),
     )
 
 
@@ -263,12 +282,11 @@ ACTIVE_MAINTENANCE_LABEL = "cloud.google.com/active-node-maintenance"
 IMPENDING_TERMINATION_TAINT = "cloud.google.com/impending-node-termination"
 
 
-def maintenance_notice(labels: Mapping[str, str], taints: list[Any]) -> str | None:
+def maintenance_notice(labels: Mapping[str, str], taints: list[Taint]) -> str | None:
     """The node's disruption notice in words (one per event: the words change with it)."""
     for taint in taints:
-        if isinstance(taint, Mapping) and taint.get("key") == IMPENDING_TERMINATION_TAINT:
-            since = taint.get("timeAdded")
-            suffix = f" since {since}" if since else ""
+        if taint.key == IMPENDING_TERMINATION_TAINT:
+            suffix = f" since {taint.timeAdded}" if taint.timeAdded else ""
             return f"impending termination (taint {IMPENDING_TERMINATION_TAINT}{suffix})"
     active = labels.get(ACTIVE_MAINTENANCE_LABEL)
     if active and active.lower() not in ("false", "0"):
@@ -279,28 +297,30 @@ def maintenance_notice(labels: Mapping[str, str], taints: list[Any]) -> str | No
     return None
 
 
-def node_view(body: Mapping[str, Any]) -> NodeView:
-    meta = body.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    status = body.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
-    allocatable = status.get("allocatable") or {}
+NO_NODE_STATUS = NodeStatus()
+NO_NODE_SPEC = NodeSpec()
+
+
+def node_view(body: NodeDocument | Mapping[str, Any]) -> NodeView:
+    """The view of a TPU node (``body`` as ``pod_view`` takes it)."""
+    node = body if isinstance(body, NodeDocument) else to_document(body, NodeDocument)
+    meta = node.metadata or EMPTY_METADATA
+    labels = meta.labels or {}
+    status = node.status or NO_NODE_STATUS
+    spec = node.spec or NO_NODE_SPEC
+    ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or ())
+    allocatable = status.allocatable or {}
     return NodeView(
-        name=_shared(meta.get("name", "")),
+        name=_shared(meta.name),
         pool=_shared(labels.get(contract.NODE_LABEL_NODEPOOL)),
         accelerator=_shared(labels.get(contract.NODE_LABEL_ACCELERATOR)),
         topology=_shared(labels.get(contract.NODE_LABEL_TOPOLOGY)),
         ready=ready,
-        unschedulable=bool((body.get("spec") or {}).get("unschedulable")),
+        unschedulable=bool(spec.unschedulable),
         spot=labels.get(contract.NODE_LABEL_SPOT) == "true",
         reservation=_shared(labels.get(contract.NODE_LABEL_RESERVATION)),
         tpu_chips=_int(allocatable.get(contract.TPU_RESOURCE), 0),
         machine_type=_shared(labels.get(INSTANCE_TYPE_LABEL)),
         slice_pool=_shared(labels.get(SLICE_POOL_LABEL)),
-        disruption_notice=maintenance_notice(
-            labels, list((body.get("spec") or {}).get("taints") or [])
-        ),
+        disruption_notice=maintenance_notice(labels, spec.taints or []),
     )
