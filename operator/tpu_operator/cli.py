@@ -69,6 +69,14 @@ def _parser() -> argparse.ArgumentParser:
         "the pod events of large slices; 0 reconciles on every event)",
     )
     run.add_argument(
+        "--reconcile-settle",
+        type=float,
+        default=1.0,
+        help="seconds between two reconciles of one object asked for only by pods being "
+        "scheduled, starting or becoming ready (a failure, a deletion, a spec change or "
+        "the last pod of a gang becoming ready is not held back; 0 disables)",
+    )
+    run.add_argument(
         "--gc-threshold",
         type=int,
         default=DEFAULT_THRESHOLD,
@@ -224,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             sample_concurrency=args.sample_concurrency,
             progress_publish_seconds=args.progress_publish_seconds,
             reconcile_min_interval=args.reconcile_min_interval,
+            reconcile_settle=args.reconcile_settle,
             gc_threshold=args.gc_threshold,
             leader_election=leader_election,
             bind_address=args.bind_address,

@@ -100,7 +100,9 @@ class Recorded:
     def time_to_running(self, seconds: float) -> None:
         self.running_after.append(seconds)
 
-    def add(self, key: Any, after: float = 0.0, *, urgent: bool = False) -> None:
+    def add(
+        self, key: Any, after: float = 0.0, *, urgent: bool = False, routine: bool = False
+    ) -> None:
         self.enqueued.append(key)
 
     def reasons(self, name: str | None = None, kind: str = contract.JOB_KIND) -> list[str]:

@@ -105,7 +105,14 @@ class Recorder:
     def __init__(self) -> None:
         self.keys: list[tuple[str, str]] = []
 
-    def add(self, key: tuple[str, str], after: float = 0.0, *, urgent: bool = False) -> None:
+    def add(
+        self,
+        key: tuple[str, str],
+        after: float = 0.0,
+        *,
+        urgent: bool = False,
+        routine: bool = False,
+    ) -> None:
         self.keys.append(key)
 
 

@@ -124,7 +124,7 @@ def test_the_store_counts_a_jobs_pods_by_attempt_through_every_change():
 def test_a_standalone_slice_pod_is_not_counted_under_any_job():
     store = PODS.store()
     put(store, pod("s-0", "u0", job="s", slice_name="s"))
-    assert store._counts == {}
+    assert set(store._counts) == {("unready", NS, "s")}, "only as its own gang's, not ready"
 
 
 @pytest.mark.parametrize(
@@ -415,7 +415,8 @@ POD_CHANGES = st.lists(
         st.sampled_from([None, "n1", "n2"]),  # its node
         st.sampled_from([None, "p1", "p2"]),  # its pool
         st.integers(1, 3),  # its attempt
-        st.sampled_from(["Pending", "Running"]),
+        st.sampled_from(["Pending", "Running", "Succeeded"]),
+        st.booleans(),  # ready
         st.booleans(),  # deleted instead
     ),
     max_size=30,
@@ -429,7 +430,7 @@ def test_a_store_after_any_changes_is_the_store_of_its_last_views(changes):
     # its tally changed: the outcome must be that of filing the last views afresh.
     store = PODS.store()
     last: dict[str, dict[str, Any]] = {}
-    for name, node, pool, attempt, phase, deleted in changes:
+    for name, node, pool, attempt, phase, ready, deleted in changes:
         uid = f"u-{name}"
         if deleted:
             store.discard((NS, name, uid))
@@ -438,6 +439,8 @@ def test_a_store_after_any_changes_is_the_store_of_its_last_views(changes):
         slice_name = name.rsplit("-", 1)[0]
         body = pod(name, uid, job="s" if name == "s-0" else "j", slice_name=slice_name,
                    node=node, pool=pool, attempt=attempt, phase=phase)  # fmt: skip
+        if ready:
+            body["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
         put(store, body)
         last[name] = body
     # What the last views file and count, worked out without a store.
@@ -447,9 +450,8 @@ def test_a_store_after_any_changes_is_the_store_of_its_last_views(changes):
         found = view(body)
         for key, value in PODS.keys(found).items():
             keys.setdefault(key, {})[identity_of(body)] = value
-        tallied = PODS.tally(found) if PODS.tally else None
-        if tallied is not None:
-            counts.setdefault(tallied[0], Counter())[tallied[1]] += 1
+        for group, value in PODS.tally(found) if PODS.tally else ():
+            counts.setdefault(group, Counter())[value] += 1
     assert {k: dict(v) for k, v in store._keys.items()} == keys
     assert store._counts == counts
     assert store.objects == len(last)

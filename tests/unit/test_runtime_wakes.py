@@ -30,9 +30,18 @@ current-context: c
 class Wakes:
     def __init__(self) -> None:
         self.calls: list[tuple[tuple[str, str], bool]] = []
+        self.routine: list[bool] = []
 
-    def add(self, key: tuple[str, str], after: float = 0.0, *, urgent: bool = False) -> None:
+    def add(
+        self,
+        key: tuple[str, str],
+        after: float = 0.0,
+        *,
+        urgent: bool = False,
+        routine: bool = False,
+    ) -> None:
         self.calls.append((key, urgent))
+        self.routine.append(routine)
 
 
 @pytest.fixture
@@ -45,13 +54,13 @@ def runtime(tmp_path: Path) -> Any:
     return runtime
 
 
-def pod(**status: Any) -> dict[str, Any]:
+def pod(name: str = "j-0-0", **status: Any) -> dict[str, Any]:
     deleting = status.pop("deletionTimestamp", None)
     return {
         "metadata": {
-            "name": "j-0-0",
+            "name": name,
             "namespace": "ml",
-            "uid": "u0",
+            "uid": f"u-{name}",
             "labels": {
                 contract.LABEL_SLICE_NAME: "j-0",
                 contract.LABEL_JOB_NAME: "j",
@@ -79,12 +88,42 @@ def pod(**status: Any) -> dict[str, Any]:
 def test_a_pod_event_wakes_its_slice_and_job_urgently_only_if_it_may_end_the_attempt(
     runtime: Any, type_: str, body: dict[str, Any], urgent: bool
 ) -> None:
-    view = pod_view(body)
-    assert view is not None
-    runtime.pod_watch.store.put(identity_of(body), view)
+    other = pod("j-0-1", phase="Pending")  # a pod of the gang that is not ready yet
+    for stored in (other, body):
+        view = pod_view(stored)
+        assert view is not None
+        runtime.pod_watch.store.put(identity_of(stored), view)
+    if type_ == "DELETED":
+        runtime.pod_watch.store.discard(identity_of(body))
     runtime.pod_event(type_, view)
     assert runtime.slices.calls == [(("ml", "j-0"), urgent)]
     assert runtime.jobs.calls == [(("ml", "j"), urgent)]
+    assert runtime.jobs.routine == runtime.slices.routine == [not urgent]
+
+
+def test_the_event_that_makes_the_last_pod_of_a_gang_ready_is_urgent(runtime: Any) -> None:
+    # Routine progress waits for the queue's settle time; the job's move to Running
+    # must not.
+    ready = [{"type": "Ready", "status": "True"}]
+    store = runtime.pod_watch.store
+    bodies = [pod(f"j-0-{i}", phase="Pending") for i in range(2)]
+    for body in bodies:
+        store.put(identity_of(body), pod_view(body))
+    seen = []
+    for body in bodies:
+        body["status"].update(phase="Running", conditions=ready)
+        view = pod_view(body)
+        store.put(identity_of(body), view)
+        runtime.pod_event("MODIFIED", view)
+        seen.append(runtime.jobs.calls[-1][1])
+    assert seen == [False, True]
+    assert runtime.caches.unready_pods("ml", "j", 1) == 0
+    # A pod of the next attempt is counted apart.
+    restarted = pod("j-0-0", phase="Pending")
+    restarted["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] = "2"
+    store.put(identity_of(restarted), pod_view(restarted))
+    assert runtime.caches.unready_pods("ml", "j", 2) == 1
+    assert runtime.caches.unready_pods("ml", "j", 1) == 0
 
 
 @pytest.mark.parametrize(("ready", "urgent"), [("True", False), ("False", True)])

@@ -131,6 +131,36 @@ def test_a_key_spaced_by_changes_waits_for_enough_events_or_an_urgent_one():
     assert told[:6] == [1, 2, 3, 4, 5, None], told
 
 
+@pytest.mark.parametrize("interrupt", ["none", "plain", "urgent"])
+def test_routine_events_settle_together_unless_another_event_comes(interrupt):
+    """Only routine events since the last reconcile: the key waits ``settle`` after it.
+    Any other event (a plain one: a spec change; an urgent one) waits only for the
+    minimum, and takes the routine ones with it."""
+
+    async def scenario() -> list[float]:
+        handler = Recorder()
+        queue: WorkQueue[str] = WorkQueue("t", handler, min_interval=0.05, settle=0.6)
+        queue.start()
+        queue.add("a", routine=True)  # a quiet key reacts at once, routine or not
+        await asyncio.sleep(0.1)
+        for _ in range(10):  # pods starting, one event every 20 ms
+            queue.add("a", routine=True)
+            await asyncio.sleep(0.02)
+        assert len(handler.calls) == 1, "held back: only routine events came"
+        if interrupt != "none":
+            queue.add("a", urgent=interrupt == "urgent")
+        await asyncio.sleep(0.7)
+        await queue.stop()
+        return [t for _, t in handler.calls]
+
+    times = run(scenario())
+    assert len(times) == 2, "every routine event is reconciled by one more reconcile"
+    if interrupt == "none":
+        assert times[1] - times[0] >= 0.59
+    else:
+        assert times[1] - times[0] < 0.55
+
+
 def test_a_quiet_key_reacts_at_once_and_other_keys_are_not_spaced():
     async def scenario() -> tuple[list[str], float]:
         handler = Recorder()
@@ -162,3 +192,24 @@ def test_a_failed_reconcile_is_retried_with_backoff():
     times = run(scenario())
     assert len(times) == 3
     assert times[1] - times[0] >= 0.09 and times[2] - times[1] >= 0.19
+
+
+def test_a_requested_wake_survives_a_sooner_reconcile_and_a_spaced_one_does_not():
+    async def scenario() -> list[float]:
+        handler = Recorder()
+        queue: WorkQueue[str] = WorkQueue("t", handler, min_interval=0.05, settle=0.3)
+        queue.start()
+        queue.add("a")
+        await asyncio.sleep(0.1)
+        queue.add("a", routine=True)  # spaced: would run 0.3 s after the first reconcile
+        # Asked for (a deadline): the earlier spaced wake now stands for it too, and the
+        # reconcile it makes asks again for whatever time is left (level-triggered).
+        queue.add("a", after=0.5)
+        queue.add("a", urgent=True)  # runs now, taking the routine event with it
+        await asyncio.sleep(0.8)
+        await queue.stop()
+        return [t - handler.calls[0][1] for _, t in handler.calls]
+
+    times = run(scenario())
+    assert len(times) == 3, "the urgent reconcile did not drop the wake asked for"
+    assert times[1] < 0.25 and times[2] >= 0.28

@@ -26,6 +26,10 @@ follows the number of pod events, not the seconds they are spread over (186 inst
 852 while a 12,736-pod job started: bench/README.md). An event that may end the
 gang's attempt (a failure, an eviction, a deletion, a lost node: ``urgent``) waits only
 for the spacing, so a restart is decided as soon as before.
+
+At every size, routine progress (pods being scheduled, starting, becoming ready) is also
+batched by the work queue's ``settle`` time (``runtime/workqueue.py``), unless an event
+makes the last pod of a gang's attempt ready (``Runtime.pod_event``).
 """
 
 from __future__ import annotations

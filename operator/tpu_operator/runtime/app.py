@@ -74,6 +74,9 @@ class OperatorConfig:
     reconcile_min_interval: float = 0.1
     """Seconds between two event-triggered reconciles of one object (more for an object
     of over 1,000 pods: ``reconcile/pacing.py``)."""
+    reconcile_settle: float = 1.0
+    """Seconds between two reconciles of one object asked for only by routine pod events
+    (pods being scheduled, starting, becoming ready): ``runtime/workqueue.py``."""
     gc_threshold: int = DEFAULT_THRESHOLD
     """Net allocations between two young-generation garbage collections
     (``runtime/collector.py``)."""
@@ -148,6 +151,7 @@ class Runtime:
             observer=self.metrics.reconciled,
             min_interval=config.reconcile_min_interval,
             spacing=self._job_spacing,
+            settle=config.reconcile_settle,
             quiet=(ApiError,),
         )
         self.slices: WorkQueue[tuple[str, str]] = WorkQueue(
@@ -157,6 +161,7 @@ class Runtime:
             observer=self.metrics.reconciled,
             min_interval=config.reconcile_min_interval,
             spacing=self._slice_spacing,
+            settle=config.reconcile_settle,
             quiet=(ApiError,),
         )
         self.context = Context(
@@ -250,24 +255,36 @@ class Runtime:
         self.start()
 
     def pod_event(self, type: str | None, view: PodView) -> None:
-        """A worker pod changed (``type`` None: listed): wake its slice and job."""
+        """A worker pod changed (``type`` None: listed): wake its slice and job. An event
+        that may end the gang's attempt, or that makes the last pod of its attempt ready,
+        is urgent; any other is routine progress (``WorkQueue.settle``)."""
         if type == "DELETED":
             self.caches.tombstones.record(view)  # a standby keeps them too
         if not self.acting:
             return
-        self._wake_pod(view, urgent=type == "DELETED" or may_end_attempt(view))
+        urgent = type == "DELETED" or may_end_attempt(view) or self._completes(view)
+        self._wake_pod(view, urgent=urgent, routine=not urgent)
         # A pool changes hands when the last pod on it is gone: wake whoever waits for one
         # now rather than at their next periodic retry.
         freed = view.pool and (type == "DELETED" or view.terminal)
         if freed and not any(p.active for p in self.caches.pods_in_pool(view.pool or "")):
             self.wake_waiting()
 
-    def _wake_pod(self, pod: PodView, *, urgent: bool) -> None:
+    def _completes(self, view: PodView) -> bool:
+        """Whether ``view`` is ready and no other pod of its gang's attempt is left not
+        ready: its job (or slice) may now be Running, and says so without waiting."""
+        if not view.ready:
+            return False
+        unready = self.caches.unready_pods(view.namespace, view.job_name, view.attempt)
+        return unready is None or unready == 0
+
+    def _wake_pod(self, pod: PodView, *, urgent: bool, routine: bool = False) -> None:
         """Reconcile what a worker pod belongs to: its slice and, for a job's pod, its job.
-        ``urgent``: the event may end the gang's attempt (``WorkQueue.add``)."""
-        self.slices.add((pod.namespace, pod.slice_name), urgent=urgent)
+        ``urgent``: the event may end the gang's attempt; ``routine``: it reports progress
+        only (``WorkQueue.add``)."""
+        self.slices.add((pod.namespace, pod.slice_name), urgent=urgent, routine=routine)
         if pod.job_owned:
-            self.jobs.add((pod.namespace, pod.job_name), urgent=urgent)
+            self.jobs.add((pod.namespace, pod.job_name), urgent=urgent, routine=routine)
 
     def asks(self, kind: str, key: tuple[str, str], type: str | None, body: Any) -> bool:
         """Whether an event of a TPUJob or TPUSlice asks for its own reconcile: not when

@@ -6,7 +6,8 @@ filled before anything reconciles and maps a key to a collection of values; the 
 
 - pods: ("slice", ns, slice) / ("job", ns, job) (job-owned pods only) / ("node", node) /
   ("pool", node pool the pod is pinned to) -> PodView; and, counted per job, the restart
-  attempts its pods belong to (``attempts_of_job``)
+  attempts its pods belong to (``attempts_of_job``) and, per attempt, its pods that are
+  neither ready nor finished (``unready_pods``)
 - slices: ("slice", ns, name) / ("job", ns, job) -> TPUSlice body; ("pool", pool) -> the
   holder an active standalone slice's ``status.nodePool`` records
 - jobs: ("job", ns, name) -> TPUJob body; ("pool", pool) -> the holder an active job's
@@ -216,13 +217,22 @@ class Caches:
 
     def attempts_of_job(self, namespace: str, job: str) -> Collection[int]:
         """The restart attempts the job's cached pods belong to, each once: read from the
-        pod store's counts (``listwatch.Store``, ``pod_attempt``) instead of the job's
+        pod store's counts (``listwatch.Store``, ``pod_tally``) instead of the job's
         pods, which every slice of a 12,736-host job would otherwise walk on each of its
         reconciles. A plain mapping (unit tests' indexes) is walked."""
         counts = getattr(self._pods, "counts", None)
         if counts is not None:
             return cast(Mapping[int, int], counts(("job", namespace, job))).keys()
         return {p.attempt for p in self.pods_of_job(namespace, job)}
+
+    def unready_pods(self, namespace: str, gang: str, attempt: int) -> int | None:
+        """How many cached pods of ``attempt`` in the gang (a job, or a standalone slice:
+        its pods' job name) are neither ready nor finished, from the pod store's counts;
+        None when the pods are a plain mapping (unit tests' indexes)."""
+        counts = getattr(self._pods, "counts", None)
+        if counts is None:
+            return None
+        return cast(Mapping[int, int], counts(("unready", namespace, gang))).get(attempt, 0)
 
     def pods_version(self, namespace: str, slice_name: str) -> int | None:
         """A number that changes whenever a pod of the slice changes, comes or goes

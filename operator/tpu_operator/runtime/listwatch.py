@@ -90,12 +90,22 @@ def pod_keys(view: PodView) -> Keys:
     return keys
 
 
-def pod_attempt(view: PodView) -> tuple[Any, int] | None:
-    """A job-owned pod is counted under its job with its restart attempt
-    (``Caches.attempts_of_job``)."""
+def pod_tally(view: PodView) -> Tallied:
+    """What a worker pod is counted under:
+
+    - a job-owned pod under its job with its restart attempt (``Caches.attempts_of_job``);
+    - a pod that is neither ready nor finished under its gang (its job, or its standalone
+      slice) with its attempt (``Caches.unready_pods``): the event that makes a gang's
+      last pod ready is then told from the others in O(1) (``Runtime.pod_event``).
+    """
+    if view.ready or view.terminal:
+        if view.job_owned:
+            return ((("job", view.namespace, view.job_name), view.attempt),)
+        return ()
+    unready = (("unready", view.namespace, view.job_name), view.attempt)
     if view.job_owned:
-        return ("job", view.namespace, view.job_name), view.attempt
-    return None
+        return (("job", view.namespace, view.job_name), view.attempt), unready
+    return (unready,)
 
 
 def pod_slice(view: PodView) -> tuple[str, str, str]:
@@ -111,8 +121,9 @@ def node_keys(view: NodeView) -> Keys:
 
 KeysOf = Callable[[Any], Keys]
 """The index keys of a view (a pure function of it: ``pod_keys``, ``node_keys``)."""
-Tally = Callable[[Any], tuple[Any, Any] | None]
-"""What a stored view is counted under, if anything: (group, value)."""
+Tallied = tuple[tuple[Any, Any], ...]
+Tally = Callable[[Any], Tallied]
+"""What a stored view is counted under: (group, value) pairs, none or more."""
 NO_COUNTS: Mapping[Any, int] = MappingProxyType({})
 NO_LIST_METADATA = ListMetadata()
 
@@ -122,7 +133,8 @@ class Store(Mapping[Any, Collection[Any]]):
 
     With ``tally``, the store also keeps, per group, how many views have each value
     (``counts``): a question such as "which restart attempts do this job's pods belong
-    to" is then answered from a few counters, not by walking the job's pods.
+    to" or "how many of them are not ready yet" is then answered from a few counters,
+    not by walking the job's pods.
 
     With ``versioned`` (view -> one of its index keys), the store numbers each change
     under that key (``version``): whoever worked something out from the views under it
@@ -199,7 +211,7 @@ class Store(Mapping[Any, Collection[Any]]):
                 entries = self._keys[key] = {}
             entries[ident] = value
         if self._tally is not None:
-            before = self._tally(old) if old is not None else None
+            before = self._tally(old) if old is not None else ()
             after = self._tally(view)
             if before != after:
                 self._count(before, -1)
@@ -229,19 +241,17 @@ class Store(Mapping[Any, Collection[Any]]):
         else:  # nothing under it: version 0, like a key never seen
             self._versions.pop(key, None)
 
-    def _count(self, found: tuple[Any, Any] | None, step: int) -> None:
-        """Count ``tally``'s (group, value) of a view by ``step``."""
-        if found is None:
-            return
-        group, value = found
-        counts = self._counts.get(group)
-        if counts is None:
-            counts = self._counts[group] = Counter()
-        counts[value] += step
-        if counts[value] <= 0:
-            del counts[value]
-            if not counts:
-                del self._counts[group]
+    def _count(self, tallied: Tallied, step: int) -> None:
+        """Count ``tally``'s (group, value) pairs of a view by ``step``."""
+        for group, value in tallied:
+            counts = self._counts.get(group)
+            if counts is None:
+                counts = self._counts[group] = Counter()
+            counts[value] += step
+            if counts[value] <= 0:
+                del counts[value]
+                if not counts:
+                    del self._counts[group]
 
     # kopf's indexes drop an object through ``_discard``; ``Caches.forget`` calls that.
     _discard = discard
@@ -299,7 +309,7 @@ PODS = Kind(
     PodDocument,
     pod_view,
     pod_keys,
-    pod_attempt,
+    pod_tally,
     pod_slice,
 )
 NODES = Kind(

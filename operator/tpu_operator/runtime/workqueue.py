@@ -18,6 +18,14 @@ The queue counts, per key, the events that asked for it since its last reconcile
 and tells ``spacing`` (None once an ``urgent`` event came): a large job waits for enough
 of its pods to change before it looks at all of them again.
 
+``settle``: a key asked for only by ``routine`` events since its last reconcile (pods
+being scheduled, starting, becoming ready: progress that changes no decision) waits that
+long after its last reconcile, so that the events of the next second are reconciled
+together, as Kubernetes' Job controller batches its pods' updates (``syncJobBatchPeriod``,
+1 s). Each of those reconciles looks at every pod that changed and writes the same counts
+the status pacing would hold back anyway (``reconcile/pacing.py``). Any other event (a
+spec change, a failure, the last pod of a gang becoming ready) is not held back.
+
 A failure is logged as one line per attempt, with the delay before the next one. Errors of
 the ``quiet`` types (failed API requests: they name the request and the apiserver's answer)
 get no traceback: during an apiserver outage every key fails every few seconds, and a
@@ -70,14 +78,18 @@ class WorkQueue(Generic[K]):
         observer: Observer | None = None,
         min_interval: float = 0.0,
         spacing: Spacing[K] | None = None,
+        settle: float = 0.0,
         quiet: tuple[type[Exception], ...] = (),
     ) -> None:
         self.name = name
         self.min_interval = min_interval
+        self.settle = settle
         self._spacing_of = spacing
         # Stamps older than this are dropped; per-key spacing can be longer than the
         # minimum (it is capped well below a minute: reconcile/pacing.py).
-        self._finished: Stamps[K] = Stamps(min_interval if spacing is None else 60.0, limit=10000)
+        self._finished: Stamps[K] = Stamps(
+            max(min_interval, settle) if spacing is None else 60.0, limit=10000
+        )
         self._handler = handler
         self._workers = workers
         self._base_retry = base_retry
@@ -93,23 +105,34 @@ class WorkQueue(Generic[K]):
         """Events for each key since its last reconcile began."""
         self._urgent: set[K] = set()
         """Keys asked for by an urgent event since their last reconcile began."""
+        self._prompt: set[K] = set()
+        """Keys asked for by an event that is neither urgent nor routine since their last
+        reconcile began (``settle`` does not apply to them)."""
         self._delayed: list[tuple[float, int, K]] = []
         self._due: dict[K, float] = {}
+        self._spaced: set[K] = set()
+        """Keys whose wake in ``_due`` only waits out an event's spacing: a reconcile
+        that runs sooner (an urgent event) makes it pointless, and drops it."""
         self._counter = itertools.count()
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
-    def add(self, key: K, after: float = 0.0, *, urgent: bool = False) -> None:
+    def add(
+        self, key: K, after: float = 0.0, *, urgent: bool = False, routine: bool = False
+    ) -> None:
         """Reconcile ``key`` (again), now or after ``after`` seconds. Without a delay this
         is an event: it counts towards the key's changes (``spacing``); an ``urgent`` one
-        waits for no more of them."""
+        waits for no more of them, a ``routine`` one may wait for ``settle``."""
         if after <= 0:
             self._changes[key] = self._changes.get(key, 0) + 1
             if urgent:
                 self._urgent.add(key)
+            elif not routine:
+                self._prompt.add(key)
         self._schedule(key, after)
 
     def _schedule(self, key: K, after: float) -> None:
+        spaced = after <= 0  # an event waiting for its spacing, not a requested delay
         if after <= 0:
             if key in self._running:
                 self._dirty.add(key)
@@ -122,22 +145,35 @@ class WorkQueue(Generic[K]):
                 self._ready.put_nowait(key)
                 return
         due = time.monotonic() + after
-        if self._due.get(key, float("inf")) <= due:
+        current = self._due.get(key)
+        if current is not None and current <= due:
+            if not spaced:  # the earlier wake now stands for one that was asked for too
+                self._spaced.discard(key)
             return
+        if current is not None and key not in self._spaced:
+            spaced = False  # it replaces a wake that was asked for: never dropped either
         self._due[key] = due
+        if spaced:
+            self._spaced.add(key)
+        else:
+            self._spaced.discard(key)
         heapq.heappush(self._delayed, (due, next(self._counter), key))
         self._wakeup.set()
 
     def _spacing(self, key: K) -> float:
-        """How long an event for ``key`` waits: the rest of ``min_interval`` since its
-        last reconcile finished."""
+        """How long an event for ``key`` waits: the rest of ``min_interval`` (or of its
+        ``spacing``, or of ``settle`` if only routine events asked) since its last
+        reconcile finished."""
         age = self._finished.age(key)
         if age is None:
             return 0.0
         wanted = self.min_interval
+        urgent = key in self._urgent
         if self._spacing_of is not None:
-            changes = None if key in self._urgent else self._changes.get(key, 0)
+            changes = None if urgent else self._changes.get(key, 0)
             wanted = max(wanted, self._spacing_of(key, changes))
+        if not urgent and key not in self._prompt and self._changes.get(key):
+            wanted = max(wanted, self.settle)
         return wanted - age
 
     def __len__(self) -> int:
@@ -162,6 +198,7 @@ class WorkQueue(Generic[K]):
                 due, _, key = heapq.heappop(self._delayed)
                 if self._due.get(key) == due:
                     del self._due[key]
+                    self._spaced.discard(key)
                     self._schedule(key, 0.0)
             timeout = self._delayed[0][0] - now if self._delayed else None
             self._wakeup.clear()
@@ -175,6 +212,10 @@ class WorkQueue(Generic[K]):
             self._running.add(key)
             self._changes.pop(key, None)  # this reconcile sees them all
             self._urgent.discard(key)
+            self._prompt.discard(key)
+            if key in self._spaced:  # this reconcile sees what the spaced wake waited for
+                self._spaced.discard(key)
+                self._due.pop(key, None)
             started = time.monotonic()
             ok = True
             try:
@@ -206,7 +247,7 @@ class WorkQueue(Generic[K]):
                 self._schedule(key, delay)
             finally:
                 self._running.discard(key)
-                if self.min_interval > 0 or self._spacing_of is not None:
+                if self.min_interval > 0 or self.settle > 0 or self._spacing_of is not None:
                     self._finished.mark(key)
                 if self._observer is not None:
                     self._observer(self.name, time.monotonic() - started, ok)
