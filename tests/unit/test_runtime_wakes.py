@@ -188,3 +188,50 @@ def test_housekeeping_forgets_what_was_seen_of_objects_no_longer_cached(runtime:
     runtime.asks("jobs", ("ml", "j"), "ADDED", {"metadata": {"uid": "u"}})
     runtime._forget_gone()  # nothing is cached: a watch gap deleted them all
     assert len(runtime._intents) == 0 and len(runtime._slices_seen) == 0
+
+
+def test_a_restart_drain_is_routine_but_for_the_last_pod_which_wakes_every_slice(
+    tmp_path: Path,
+) -> None:
+    # The job is at attempt 2; its two slices' pods of attempt 1 are being deleted.
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    job = {"metadata": {"name": "j", "namespace": "ml", "uid": "u"}, "status": {"attempt": 2}}
+    slices = {
+        ("job", "ml", "j"): [
+            {"metadata": {"name": f"j-{i}", "namespace": "ml", "uid": f"s{i}"}} for i in (0, 1)
+        ]
+    }
+    runtime = Runtime(
+        OperatorConfig(kubeconfig=str(path)), slices=slices, jobs={("job", "ml", "j"): [job]}
+    )
+    runtime.acting = True
+    runtime.jobs, runtime.slices = Wakes(), Wakes()  # type: ignore[assignment]
+    store = runtime.pod_watch.store
+    old = [pod(name, deletionTimestamp="2026-11-24T00:00:00Z") for name in ("j-0-0", "j-0-1")]
+    old[1]["metadata"]["labels"][contract.LABEL_SLICE_NAME] = "j-1"
+    for body in old:
+        store.put(identity_of(body), pod_view(body))
+
+    def event(type_: str, body: dict[str, Any]) -> list[tuple[tuple[str, str], bool]]:
+        runtime.slices.calls.clear()
+        if type_ == "DELETED":
+            store.discard(identity_of(body))
+        runtime.pod_event(type_, pod_view(body))
+        return runtime.slices.calls
+
+    assert event("MODIFIED", old[0]) == [(("ml", "j-0"), False)], "a stop the job ordered"
+    assert event("DELETED", old[0]) == [(("ml", "j-0"), False)], "one of many going"
+    assert runtime.jobs.calls[-1] == (("ml", "j"), False)
+    # The last pod of attempt 1 goes: its own slice, its job and every slice of the job.
+    assert event("DELETED", old[1]) == [
+        (("ml", "j-1"), True),
+        (("ml", "j-0"), True),
+        (("ml", "j-1"), True),
+    ]
+    assert runtime.jobs.calls[-1] == (("ml", "j"), True)
+    # A pod of the current attempt failing is urgent as ever.
+    current = pod("j-0-0", phase="Failed")
+    current["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] = "2"
+    store.put(identity_of(current), pod_view(current))
+    assert event("MODIFIED", current) == [(("ml", "j-0"), True)]

@@ -257,18 +257,45 @@ class Runtime:
     def pod_event(self, type: str | None, view: PodView) -> None:
         """A worker pod changed (``type`` None: listed): wake its slice and job. An event
         that may end the gang's attempt, or that makes the last pod of its attempt ready,
-        is urgent; any other is routine progress (``WorkQueue.settle``)."""
+        is urgent; any other is routine progress (``WorkQueue.settle``), and so are the
+        stops and deletions of an attempt the job has left, but for its last pod."""
         if type == "DELETED":
             self.caches.tombstones.record(view)  # a standby keeps them too
         if not self.acting:
             return
         urgent = type == "DELETED" or may_end_attempt(view) or self._completes(view)
+        if urgent and self._left_behind(view):
+            urgent = False
         self._wake_pod(view, urgent=urgent, routine=not urgent)
+        if type == "DELETED" and view.job_owned and self._attempt_gone(view):
+            # The gang's barrier may have lifted: every slice of the job creates the next
+            # attempt's pods once no pod of an older one is left (reconcile/slices.py).
+            for body in self.caches.slices_of_job(view.namespace, view.job_name):
+                name = (body.get("metadata") or {}).get("name")
+                if isinstance(name, str):
+                    self.slices.add((view.namespace, name), urgent=True)
         # A pool changes hands when the last pod on it is gone: wake whoever waits for one
         # now rather than at their next periodic retry.
         freed = view.pool and (type == "DELETED" or view.terminal)
         if freed and not any(p.active for p in self.caches.pods_in_pool(view.pool or "")):
             self.wake_waiting()
+
+    def _left_behind(self, view: PodView) -> bool:
+        """Whether ``view`` is a pod of an attempt its job has already left, and not the
+        last of it: while a gang restart drains the old attempt, each of its pods' stops
+        and deletions is routine progress; the last one's deletion lifts the barrier and
+        stays urgent."""
+        if not view.job_owned:
+            return False
+        job = self.caches.job(view.namespace, view.job_name)
+        current = ((job or {}).get("status") or {}).get("attempt")
+        if not isinstance(current, int) or view.attempt >= current:
+            return False
+        return not self._attempt_gone(view)
+
+    def _attempt_gone(self, view: PodView) -> bool:
+        """Whether no cached pod of ``view``'s job belongs to ``view``'s attempt."""
+        return view.attempt not in self.caches.attempts_of_job(view.namespace, view.job_name)
 
     def _completes(self, view: PodView) -> bool:
         """Whether ``view`` is ready and no other pod of its gang's attempt is left not
