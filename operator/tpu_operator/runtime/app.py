@@ -263,11 +263,13 @@ class Runtime:
             self.caches.tombstones.record(view)  # a standby keeps them too
         if not self.acting:
             return
+        # The last pod of its attempt in its job went (a pod still cached never is).
+        last = type == "DELETED" and view.job_owned and self._attempt_gone(view)
         urgent = type == "DELETED" or may_end_attempt(view) or self._completes(view)
-        if urgent and self._left_behind(view):
+        if urgent and not last and self._left_behind(view):
             urgent = False
         self._wake_pod(view, urgent=urgent, routine=not urgent)
-        if type == "DELETED" and view.job_owned and self._attempt_gone(view):
+        if last:
             # The gang's barrier may have lifted: every slice of the job creates the next
             # attempt's pods once no pod of an older one is left (reconcile/slices.py).
             for body in self.caches.slices_of_job(view.namespace, view.job_name):
@@ -281,17 +283,14 @@ class Runtime:
             self.wake_waiting()
 
     def _left_behind(self, view: PodView) -> bool:
-        """Whether ``view`` is a pod of an attempt its job has already left, and not the
-        last of it: while a gang restart drains the old attempt, each of its pods' stops
-        and deletions is routine progress; the last one's deletion lifts the barrier and
-        stays urgent."""
+        """Whether ``view`` is a pod of an attempt its job has already left: while a gang
+        restart drains the old attempt, each of its pods' stops and deletions is routine
+        progress (but the last one's deletion, which lifts the barrier: ``pod_event``)."""
         if not view.job_owned:
             return False
         job = self.caches.job(view.namespace, view.job_name)
         current = ((job or {}).get("status") or {}).get("attempt")
-        if not isinstance(current, int) or view.attempt >= current:
-            return False
-        return not self._attempt_gone(view)
+        return isinstance(current, int) and view.attempt < current
 
     def _attempt_gone(self, view: PodView) -> bool:
         """Whether no cached pod of ``view``'s job belongs to ``view``'s attempt."""
