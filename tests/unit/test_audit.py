@@ -11,7 +11,7 @@ import kopf
 import pytest
 from kopf._core.engines.indexing import OperatorIndexer, OperatorIndexers
 
-from tests.unit.fakeapi import run_sync
+from tests.unit.fakeapi import QueueRecorder, run_sync
 from tpu_operator import contract, controllers
 from tpu_operator.runtime import audit, collector
 from tpu_operator.runtime.audit import CacheAudit, stale
@@ -101,26 +101,11 @@ class FakeKube:
         return [{"uid": uid} for uid in sorted(self.uids.get(kind, set()))]
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.keys: list[tuple[str, str]] = []
-
-    def add(
-        self,
-        key: tuple[str, str],
-        after: float = 0.0,
-        *,
-        urgent: bool = False,
-        routine: bool = False,
-    ) -> None:
-        self.keys.append(key)
-
-
 class Owner:
     def __init__(self, acting: bool = True) -> None:
         self.acting = acting
-        self.jobs = Recorder()
-        self.slices = Recorder()
+        self.jobs = QueueRecorder()
+        self.slices = QueueRecorder()
         self.woken = 0
 
     def wake_waiting(self) -> None:

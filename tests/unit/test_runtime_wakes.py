@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.unit.fakeapi import QueueRecorder
 from tpu_operator import contract
 from tpu_operator.runtime.app import OperatorConfig, Runtime
 from tpu_operator.runtime.caches import identity_of
@@ -27,30 +28,13 @@ current-context: c
 """
 
 
-class Wakes:
-    def __init__(self) -> None:
-        self.calls: list[tuple[tuple[str, str], bool]] = []
-        self.routine: list[bool] = []
-
-    def add(
-        self,
-        key: tuple[str, str],
-        after: float = 0.0,
-        *,
-        urgent: bool = False,
-        routine: bool = False,
-    ) -> None:
-        self.calls.append((key, urgent))
-        self.routine.append(routine)
-
-
 @pytest.fixture
 def runtime(tmp_path: Path) -> Any:
     path = tmp_path / "kubeconfig"
     path.write_text(KUBECONFIG)
     runtime = Runtime(OperatorConfig(kubeconfig=str(path)), slices={}, jobs={})
     runtime.acting = True
-    runtime.jobs, runtime.slices = Wakes(), Wakes()  # type: ignore[assignment]
+    runtime.jobs, runtime.slices = QueueRecorder(), QueueRecorder()  # type: ignore[assignment]
     return runtime
 
 
@@ -206,7 +190,7 @@ def test_a_restart_drain_is_routine_but_for_the_last_pod_which_wakes_every_slice
         OperatorConfig(kubeconfig=str(path)), slices=slices, jobs={("job", "ml", "j"): [job]}
     )
     runtime.acting = True
-    runtime.jobs, runtime.slices = Wakes(), Wakes()  # type: ignore[assignment]
+    runtime.jobs, runtime.slices = QueueRecorder(), QueueRecorder()  # type: ignore[assignment]
     store = runtime.pod_watch.store
     old = [pod(name, deletionTimestamp="2026-11-24T00:00:00Z") for name in ("j-0-0", "j-0-1")]
     old[1]["metadata"]["labels"][contract.LABEL_SLICE_NAME] = "j-1"
