@@ -8,12 +8,14 @@ reconcile where one suffices, and none that conflicts with itself.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from tests.unit.fakeapi import FakeCluster
 from tpu_operator import contract
+from tpu_operator.runtime.kube import ApiError
 
 pytestmark = pytest.mark.unit
 
@@ -63,6 +65,67 @@ def test_first_reconcile_writes_status_once_and_creates_the_children():
     assert (status["phase"], status["attempt"]) == ("Pending", 1)
     assert cluster.slice("j-0")["spec"]["attempt"] == 1
     assert any(r.verb == "POST" and r.path.endswith("/services") for r in cluster.requests)
+
+
+def slice_names(cluster: FakeCluster) -> list[str]:
+    return sorted(
+        o["metadata"]["name"]
+        for k, o in cluster.objects.items()
+        if f"/{contract.SLICE_PLURAL}/" in k
+    )
+
+
+class Concurrent(FakeCluster):
+    """The in-memory API, answering each slice write only after yielding to the loop, and
+    refusing the writes of the slices named in ``refuse`` (a 500)."""
+
+    def __init__(self, refuse: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.refuse = refuse
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def _slice_write(self, path: str) -> None:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(0)
+        self.in_flight -= 1
+        if any(path.endswith(f"/{name}") for name in self.refuse):
+            raise ApiError("PATCH", path, 500, "InternalError", "etcd is unhappy")
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> bool:
+        if path.endswith(f"/{contract.SLICE_PLURAL}"):
+            await self._slice_write(f"{path}/{body['metadata']['name']}")
+        return await super().create(path, body)
+
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        if f"/{contract.SLICE_PLURAL}/" in path and not path.endswith("/status"):
+            await self._slice_write(path)
+        return await super().merge_patch(path, patch)
+
+
+def test_a_jobs_slices_are_created_and_suspended_all_at_once():
+    cluster = Concurrent()
+    cluster.apply_job("j", job_spec(numSlices=4))
+    cluster.reconcile_job("j")
+    assert slice_names(cluster) == ["j-0", "j-1", "j-2", "j-3"]
+    assert cluster.most_in_flight == 4  # not one after the other
+    cluster.most_in_flight = 0
+    cluster.edit_job("j", {"suspend": True})
+    cluster.reconcile_job("j")
+    assert all(cluster.slice(n)["spec"]["suspend"] for n in slice_names(cluster))
+    assert cluster.most_in_flight == 4
+
+
+def test_one_refused_slice_write_leaves_the_others_sent_and_fails_the_reconcile():
+    cluster = Concurrent(refuse=("j-1",))
+    cluster.apply_job("j", job_spec(numSlices=3))
+    with pytest.raises(ApiError, match="etcd is unhappy"):
+        cluster.reconcile_job("j")
+    assert slice_names(cluster) == ["j-0", "j-2"]
+    cluster.refuse = ()
+    cluster.reconcile_job("j")  # the retry creates what is missing
+    assert slice_names(cluster) == ["j-0", "j-1", "j-2"]
 
 
 def test_start_to_running_writes_and_events():

@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,6 +332,16 @@ class Kube:
         if field_selector:
             query["fieldSelector"] = field_selector
         await self.request("DELETE", path, query=query)
+
+
+async def send_all(requests: Iterable[Awaitable[Any]]) -> None:
+    """Send every request at once (the client's semaphore bounds how many are in flight),
+    wait for each answer, then raise the first failure. Every request is sent whatever
+    the others answer, so one refusal does not leave the rest unsent until a retry."""
+    results = await asyncio.gather(*requests, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 def _transport_error(exc: BaseException) -> tuple[str, str]:
