@@ -28,14 +28,34 @@ current-context: c
 """
 
 
-@pytest.fixture
-def runtime(tmp_path: Path) -> Any:
-    path = tmp_path / "kubeconfig"
+def owners(attempt: int = 1, **meta: Any) -> dict[str, Any]:
+    """Indexes of TPUJob ml/j (at ``attempt``) and its slices j-0 and j-1, as kopf keeps
+    them (``controllers.py``); ``meta`` goes into the metadata of each."""
+    job = {
+        "metadata": {"name": "j", "namespace": "ml", "uid": "u", **meta},
+        "status": {"attempt": attempt},
+    }
+    slices = [
+        {"metadata": {"name": f"j-{i}", "namespace": "ml", "uid": f"s{i}", **meta}} for i in (0, 1)
+    ]
+    return {
+        "jobs": {("job", "ml", "j"): [job]},
+        "slices": {("job", "ml", "j"): slices}
+        | {("slice", "ml", s["metadata"]["name"]): [s] for s in slices},
+    }
+
+
+def started(path: Path, indexes: dict[str, Any]) -> Any:
     path.write_text(KUBECONFIG)
-    runtime = Runtime(OperatorConfig(kubeconfig=str(path)), slices={}, jobs={})
+    runtime = Runtime(OperatorConfig(kubeconfig=str(path)), **indexes)
     runtime.acting = True
     runtime.jobs, runtime.slices = QueueRecorder(), QueueRecorder()  # type: ignore[assignment]
     return runtime
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Any:
+    return started(tmp_path / "kubeconfig", owners())
 
 
 def pod(name: str = "j-0-0", **status: Any) -> dict[str, Any]:
@@ -165,7 +185,8 @@ def test_an_event_that_only_shows_the_status_the_operator_wrote_asks_for_no_reco
     assert runtime.asks("jobs", key, "MODIFIED", body(2))  # not seen since its deletion
 
 
-def test_housekeeping_forgets_what_was_seen_of_objects_no_longer_cached(runtime: Any) -> None:
+def test_housekeeping_forgets_what_was_seen_of_objects_no_longer_cached(tmp_path: Path) -> None:
+    runtime = started(tmp_path / "kubeconfig", {"slices": {}, "jobs": {}})
     meta = {"metadata": {"name": "j-0", "namespace": "ml", "uid": "s", "generation": 1}}
     runtime.asks("slices", ("ml", "j-0"), "ADDED", meta)
     runtime.slice_news(("ml", "j-0"), "ADDED", meta)
@@ -178,19 +199,7 @@ def test_a_restart_drain_is_routine_but_for_the_last_pod_which_wakes_every_slice
     tmp_path: Path,
 ) -> None:
     # The job is at attempt 2; its two slices' pods of attempt 1 are being deleted.
-    path = tmp_path / "kubeconfig"
-    path.write_text(KUBECONFIG)
-    job = {"metadata": {"name": "j", "namespace": "ml", "uid": "u"}, "status": {"attempt": 2}}
-    slices = {
-        ("job", "ml", "j"): [
-            {"metadata": {"name": f"j-{i}", "namespace": "ml", "uid": f"s{i}"}} for i in (0, 1)
-        ]
-    }
-    runtime = Runtime(
-        OperatorConfig(kubeconfig=str(path)), slices=slices, jobs={("job", "ml", "j"): [job]}
-    )
-    runtime.acting = True
-    runtime.jobs, runtime.slices = QueueRecorder(), QueueRecorder()  # type: ignore[assignment]
+    runtime = started(tmp_path / "kubeconfig", owners(attempt=2))
     store = runtime.pod_watch.store
     old = [pod(name, deletionTimestamp="2026-11-24T00:00:00Z") for name in ("j-0-0", "j-0-1")]
     old[1]["metadata"]["labels"][contract.LABEL_SLICE_NAME] = "j-1"
@@ -219,3 +228,31 @@ def test_a_restart_drain_is_routine_but_for_the_last_pod_which_wakes_every_slice
     current["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] = "2"
     store.put(identity_of(current), pod_view(current))
     assert event("MODIFIED", current) == [(("ml", "j-0"), True)]
+
+
+@pytest.mark.parametrize(
+    ("meta", "gone"),
+    [
+        ({"deletionTimestamp": "2026-11-24T00:00:00Z"}, ()),
+        ({}, ("jobs",)),
+        ({}, ("jobs", "slices")),
+    ],
+    ids=["being deleted", "job gone", "job and slices gone"],
+)
+def test_a_pod_event_wakes_no_owner_that_is_gone_or_being_deleted(
+    tmp_path: Path, meta: dict[str, Any], gone: tuple[str, ...]
+) -> None:
+    # A deleted job's pods go after it and its slices (the garbage collector): none of
+    # their events has anything for a reconcile to do.
+    indexes = owners(**meta) | {kind: {} for kind in gone}
+    runtime = started(tmp_path / "kubeconfig", indexes)
+    store = runtime.pod_watch.store
+    body = pod(deletionTimestamp="2026-11-24T00:00:01Z")
+    store.put(identity_of(body), pod_view(body))
+    runtime.pod_event("MODIFIED", pod_view(body))
+    store.discard(identity_of(body))
+    runtime.pod_event("DELETED", pod_view(body))  # the last of its attempt
+    # Only a slice whose job is gone but which is itself still cached hears of it.
+    expected_slices = [(("ml", "j-0"), True)] * 2 if gone == ("jobs",) else []
+    assert runtime.slices.calls == expected_slices
+    assert runtime.jobs.calls == []

@@ -269,12 +269,12 @@ class Runtime:
         if urgent and not last and self._left_behind(view):
             urgent = False
         self._wake_pod(view, urgent=urgent, routine=not urgent)
-        if last:
+        if last and _live(self.caches.job(view.namespace, view.job_name)):
             # The gang's barrier may have lifted: every slice of the job creates the next
             # attempt's pods once no pod of an older one is left (reconcile/slices.py).
             for body in self.caches.slices_of_job(view.namespace, view.job_name):
                 name = (body.get("metadata") or {}).get("name")
-                if isinstance(name, str):
+                if isinstance(name, str) and _live(body):
                     self.slices.add((view.namespace, name), urgent=True)
         # A pool changes hands when the last pod on it is gone: wake whoever waits for one
         # now rather than at their next periodic retry.
@@ -307,9 +307,14 @@ class Runtime:
     def _wake_pod(self, pod: PodView, *, urgent: bool, routine: bool = False) -> None:
         """Reconcile what a worker pod belongs to: its slice and, for a job's pod, its job.
         ``urgent``: the event may end the gang's attempt; ``routine``: it reports progress
-        only (``WorkQueue.add``)."""
-        self.slices.add((pod.namespace, pod.slice_name), urgent=urgent, routine=routine)
-        if pod.job_owned:
+        only (``WorkQueue.add``).
+
+        Not an owner that is gone or being deleted: its reconcile has nothing to do, and
+        while a deleted job's thousands of pods go, each of their events would otherwise
+        be one. An owner not cached yet is reconciled by its own first event."""
+        if _live(self.caches.slice(pod.namespace, pod.slice_name)):
+            self.slices.add((pod.namespace, pod.slice_name), urgent=urgent, routine=routine)
+        if pod.job_owned and _live(self.caches.job(pod.namespace, pod.job_name)):
             self.jobs.add((pod.namespace, pod.job_name), urgent=urgent, routine=routine)
 
     def asks(self, kind: str, key: tuple[str, str], type: str | None, body: Any) -> bool:
@@ -520,3 +525,8 @@ class Runtime:
         cached = {"slices": names(self.caches.all_slices()), "jobs": names(self.caches.jobs())}
         self._slices_seen.keep_only(lambda key: key in cached["slices"])
         self._intents.keep_only(lambda seen: seen[1:] in cached[seen[0]])  # (kind, ns, name)
+
+
+def _live(body: dict[str, Any] | None) -> bool:
+    """Whether a cached TPUJob or TPUSlice exists and is not being deleted."""
+    return body is not None and not (body.get("metadata") or {}).get("deletionTimestamp")
