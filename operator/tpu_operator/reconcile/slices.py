@@ -59,7 +59,7 @@ from tpu_operator.reconcile.pools import (
     stopping_count,
 )
 from tpu_operator.runtime.caches import slice_job_name
-from tpu_operator.runtime.kube import ApiError, namespaced
+from tpu_operator.runtime.kube import ApiError, namespaced, send_all
 from tpu_operator.state.gang import GangState, Member, assess, members_of, nodes_of
 from tpu_operator.state.views import PodView
 
@@ -301,8 +301,7 @@ class SliceRun:
             for p in state.stale
             if not p.deleting and not deleted.awaited(p.uid) and p.attempt != carried
         ]
-        if doomed:
-            await asyncio.gather(*(self._delete(p) for p in doomed))
+        await send_all(self._delete(p) for p in doomed)
         await self._force_stuck([p for p in state.stale if p.deleting])
 
     async def _delete(self, pod: PodView) -> None:

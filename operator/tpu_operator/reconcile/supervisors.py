@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from tpu_operator import contract
 from tpu_operator.runtime.control import ControlChannel, ControlError, ProcessState
-from tpu_operator.runtime.kube import ApiError, Kube, namespaced
+from tpu_operator.runtime.kube import ApiError, Kube, namespaced, send_all
 from tpu_operator.state.gang import ProcessReport
 from tpu_operator.state.views import PodView
 
@@ -249,7 +249,7 @@ class Supervisors:
                 return  # gone: its slice creates it again, for this attempt
             moved.add(pod.uid)
 
-        await asyncio.gather(*(relabel(p) for p in pods))
+        await send_all(relabel(p) for p in pods)
 
     async def _start(
         self, job_uid: str, pods: list[PodView], attempt: int, started: set[str]
