@@ -92,6 +92,28 @@ def test_counter_writes_wait_for_the_rest_of_the_interval():
 
 
 @pytest.mark.parametrize(
+    ("interval", "sharing", "spaced"),
+    [
+        (1.0, 1, 1.0),
+        (1.0, 4, 4.0),  # a slice of a 4-slice job
+        (1.0, 199, 10.0),  # capped: a slice's counts are never more than 10 s old
+        (0.5, 8, 4.0),
+        (20.0, 4, 20.0),  # never less than the interval
+        (1.0, 0, 1.0),
+    ],
+)
+def test_objects_sharing_an_interval_space_their_counter_writes(interval, sharing, spaced):
+    clock = Clock()
+    pacer = StatusPacer(interval=interval, clock=clock)
+    assert pacer.spaced(sharing) == spaced
+    pacer.wrote("uid")
+    clock.now += 0.5
+    assert pacer.hold("uid", status(200), status(190), sharing) == pytest.approx(spaced - 0.5)
+    # Material writes are never held, whatever the sharing.
+    assert pacer.hold("uid", status(200), status(200, phase="Running"), sharing) == 0.0
+
+
+@pytest.mark.parametrize(
     ("pods", "minimum", "spacing"),
     [
         (0, 0.1, 0.1),  # a job without pods yet: the operator's minimum

@@ -750,6 +750,45 @@ def test_workers_ending_one_by_one_never_take_the_job_or_slice_out_of_running():
     assert cluster.job("j")["status"]["slices"][0]["phase"] == "Succeeded"
 
 
+@pytest.mark.parametrize(
+    ("num_slices", "held"),
+    [
+        # The slice last wrote 2.5 s before (settle() lets 1 s pass after it; then 1.5).
+        (None, 0.0),  # a standalone slice: its counters go out after the 1 s interval
+        (1, 0.0),
+        (4, 1.5),  # the job's status carries each slice's ready count: 4 intervals
+        (64, 7.5),  # capped at 10 s
+    ],
+)
+def test_a_slice_of_a_larger_job_writes_its_counters_less_often(num_slices, held):
+    cluster = FakeCluster()
+    if num_slices is None:
+        name = "s"
+        cluster.apply_slice(name, slice_spec())
+    else:
+        name = "j-0"
+        cluster.apply_job("j", job_spec(numSlices=num_slices))
+    cluster.settle()
+    cluster.run_pods()
+    cluster.settle()
+    assert cluster.slice(name)["status"]["phase"] == "Running"
+    (pod,) = cluster.pods(name)
+    cluster.advance(1.5)
+    cluster.set_ready(pod, False)  # only the slice's counters and message move
+    cluster.clear_requests()
+    requeue = cluster.reconcile_slice(name)
+    writes = cluster.status_writes(contract.SLICE_PLURAL)[0]
+    assert writes == (0 if held else 1)
+    if held:
+        assert requeue == pytest.approx(held)
+        assert cluster.slice(name)["status"]["readyWorkers"] == 1
+        cluster.advance(held)
+        cluster.reconcile_slice(name)
+        assert cluster.status_writes(contract.SLICE_PLURAL)[0] == 1
+    assert cluster.slice(name)["status"]["readyWorkers"] == 0
+    assert cluster.slice(name)["status"]["phase"] == "Running"
+
+
 def test_a_resumed_job_takes_the_free_pool_gke_created_for_it_first():
     cluster = FakeCluster()
     cluster.apply_job("j", job_spec("v5p-16", **auto()))

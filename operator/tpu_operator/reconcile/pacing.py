@@ -7,7 +7,9 @@ restart, each validated by the apiserver and sent to every watcher, slowing the 
 churn they report. Writes that change only counters and messages are therefore spaced at
 least ``interval`` apart per object; a write that changes anything else (phase, attempt,
 condition status or reason, failures, timestamps, progress, the goodput carried over from
-finished attempts) goes out at once.
+finished attempts) goes out at once. The slices of a multislice job space theirs further:
+the job's status already carries each slice's ready count, recounted from the pods, so the
+job's slices together write counters about as often as the job does (``sharing``).
 
 A reconcile of a job looks at every one of its slices, and at every pod of the slices
 whose pods changed since the last one (``reconcile/gangs.py``), so its cost grows with the
@@ -48,6 +50,9 @@ COUNTER_FIELDS = frozenset(
 except ``finishedAttempts`` (the rest is recomputed from the clock on every reconcile)."""
 GOODPUT_STATE = "finishedAttempts"
 DEFAULT_INTERVAL = 1.0
+MAX_SHARED_INTERVAL = 10.0
+"""Longest a slice's counters wait, whatever the size of its job (``kubectl get
+tpuslices`` is never more stale than this)."""
 PER_POD = 0.0001
 """Seconds of reconcile spacing per pod of the object (0.1 s per 1,000 pods)."""
 SPACED_FROM = 1000
@@ -165,14 +170,23 @@ class StatusPacer:
         self, interval: float = DEFAULT_INTERVAL, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.interval = interval
-        self._written: Stamps[str] = Stamps(interval, clock)
+        # Kept as long as the longest hold (a slice of a many-slice job's).
+        self._written: Stamps[str] = Stamps(max(interval, MAX_SHARED_INTERVAL), clock)
 
-    def hold(self, uid: str, old: dict[str, Any], new: dict[str, Any]) -> float:
-        """Seconds to wait before writing ``new`` over ``old`` (0: write now)."""
+    def hold(self, uid: str, old: dict[str, Any], new: dict[str, Any], sharing: int = 1) -> float:
+        """Seconds to wait before writing ``new`` over ``old`` (0: write now).
+
+        ``sharing``: how many objects share one interval's counters-only writes (a job's
+        slices, whose ready counts the job's status carries): each waits that many
+        intervals, at most ``MAX_SHARED_INTERVAL`` (and never less than one)."""
         age = self._written.age(uid)
         if age is None or old == new or not counters_only(old, new):
             return 0.0
-        return max(0.0, self.interval - age)
+        return max(0.0, self.spaced(sharing) - age)
+
+    def spaced(self, sharing: int = 1) -> float:
+        """Least time between two counters-only writes of one of ``sharing`` objects."""
+        return max(self.interval, min(MAX_SHARED_INTERVAL, self.interval * sharing))
 
     def wrote(self, uid: str) -> None:
         self._written.mark(uid)

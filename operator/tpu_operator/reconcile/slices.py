@@ -243,7 +243,14 @@ class SliceRun:
         )
         previous_phase = status.phase
         if not self.after_commit:
-            hold = ctx.pacer.hold(self.body["metadata"]["uid"], self.body.get("status") or {}, new)
+            # The job's status carries this slice's ready count: its slices share the
+            # job's pace of counter writes (pacing.py).
+            hold = ctx.pacer.hold(
+                self.body["metadata"]["uid"],
+                self.body.get("status") or {},
+                new,
+                sharing=self.spec.num_slices if self.managed else 1,
+            )
             if hold:
                 self._after(hold)
                 return self.requeue
