@@ -256,3 +256,33 @@ def test_a_pod_event_wakes_no_owner_that_is_gone_or_being_deleted(
     expected_slices = [(("ml", "j-0"), True)] * 2 if gone == ("jobs",) else []
     assert runtime.slices.calls == expected_slices
     assert runtime.jobs.calls == []
+
+
+@pytest.mark.parametrize(
+    ("owned", "num_slices", "settle"),
+    [
+        (False, None, 1.0),  # a standalone TPUSlice
+        (True, None, 1.0),  # a job's slice without the field: one slice
+        (True, 1, 1.0),
+        (True, 4, 4.0),
+        (True, 199, 10.0),  # at most MAX_SHARED_INTERVAL
+    ],
+)
+def test_a_slice_of_a_multislice_job_settles_as_long_as_its_counter_writes_wait(
+    tmp_path: Path, owned: bool, num_slices: int | None, settle: float
+) -> None:
+    """Routine progress of a slice of an N-slice job waits N times the settle time, at
+    most 10 s (``pacing.shared_interval``), as long as its counter writes are held."""
+    meta: dict[str, Any] = {"name": "s", "namespace": "ml", "uid": "s"}
+    if owned:
+        meta["ownerReferences"] = [
+            {"kind": contract.JOB_KIND, "name": "j", "controller": True, "uid": "u"}
+        ]
+    body: dict[str, Any] = {"metadata": meta, "spec": {}}
+    if num_slices is not None:
+        body["spec"]["numSlices"] = num_slices
+    runtime = started(
+        tmp_path / "kubeconfig", {"jobs": {}, "slices": {("slice", "ml", "s"): [body]}}
+    )
+    assert runtime._slice_settle(("ml", "s")) == settle
+    assert runtime._slice_settle(("ml", "gone")) == 1.0, "an uncached slice: the default"

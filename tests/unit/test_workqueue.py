@@ -161,6 +161,35 @@ def test_routine_events_settle_together_unless_another_event_comes(interrupt):
         assert times[1] - times[0] < 0.55
 
 
+def test_each_key_settles_as_long_as_settle_of_says():
+    """``settle_of`` sets the settle time per key (a slice of a multislice job waits
+    longer); a key it gives the default to settles as before."""
+
+    async def scenario() -> dict[str, list[float]]:
+        handler = Recorder()
+        waits = {"long": 0.6, "short": 0.15}
+        queue: WorkQueue[str] = WorkQueue(
+            "t", handler, min_interval=0.05, settle=0.15, settle_of=waits.__getitem__
+        )
+        queue.start()
+        for key in waits:
+            queue.add(key, routine=True)  # quiet keys react at once
+        await asyncio.sleep(0.05)
+        for key in waits:
+            queue.add(key, routine=True)
+        await asyncio.sleep(0.9)
+        await queue.stop()
+        times: dict[str, list[float]] = {key: [] for key in waits}
+        for key, at in handler.calls:
+            times[key].append(at)
+        return times
+
+    times = run(scenario())
+    assert [len(t) for t in times.values()] == [2, 2]
+    assert times["long"][1] - times["long"][0] >= 0.59
+    assert 0.14 <= times["short"][1] - times["short"][0] < 0.5
+
+
 def test_a_quiet_key_reacts_at_once_and_other_keys_are_not_spaced():
     async def scenario() -> tuple[list[str], float]:
         handler = Recorder()

@@ -29,9 +29,14 @@ follows the number of pod events, not the seconds they are spread over (186 inst
 gang's attempt (a failure, an eviction, a deletion, a lost node: ``urgent``) waits only
 for the spacing, so a restart is decided as soon as before.
 
-At every size, routine progress (pods being scheduled, starting, becoming ready) is also
-batched by the work queue's ``settle`` time (``runtime/workqueue.py``), unless an event
-makes the last pod of a gang's attempt ready (``Runtime.pod_event``).
+At every size, routine progress (pods being scheduled, starting, becoming ready, and the
+stops of an attempt the job has left) is also batched by the work queue's ``settle`` time
+(``runtime/workqueue.py``), unless an event makes the last pod of a gang's attempt ready
+(``Runtime.pod_event``). A slice of an N-slice job settles N times as long, 10 s at most
+(``shared_interval``): a reconcile that only routine progress asked for changes nothing
+but its counters, and those it would hold back that long anyway. On a cluster that starts
+or stops a large job's pods a few a second, each of its slices otherwise got one
+reconcile a second for as long as that took.
 """
 
 from __future__ import annotations
@@ -63,6 +68,14 @@ CHANGED_SHARE = 1 / 64
 (199 events for 12,736 pods; each pod sends about four while it starts)."""
 QUIET_FACTOR = 4.0
 """How many times its spacing a large object waits while fewer events than that came."""
+
+
+def shared_interval(interval: float, sharing: int) -> float:
+    """``sharing`` times ``interval``, at most ``MAX_SHARED_INTERVAL`` and never less than
+    ``interval``: how far apart one of ``sharing`` objects, whose counts one status
+    carries, writes its counters, and (``Runtime``) how long routine progress settles before
+    it is reconciled."""
+    return max(interval, min(MAX_SHARED_INTERVAL, interval * sharing))
 
 
 def reconcile_spacing(pods: int, minimum: float, changes: int | None = None) -> float:
@@ -186,7 +199,7 @@ class StatusPacer:
 
     def spaced(self, sharing: int = 1) -> float:
         """Least time between two counters-only writes of one of ``sharing`` objects."""
-        return max(self.interval, min(MAX_SHARED_INTERVAL, self.interval * sharing))
+        return shared_interval(self.interval, sharing)
 
     def wrote(self, uid: str) -> None:
         self._written.mark(uid)

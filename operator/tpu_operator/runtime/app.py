@@ -28,12 +28,18 @@ from tpu_operator.metrics import OperatorMetrics
 from tpu_operator.progress.sampler import ProgressSampler
 from tpu_operator.reconcile.context import Context
 from tpu_operator.reconcile.jobs import JobReconciler
-from tpu_operator.reconcile.pacing import LastSeen, intent, material_slice, reconcile_spacing
+from tpu_operator.reconcile.pacing import (
+    LastSeen,
+    intent,
+    material_slice,
+    reconcile_spacing,
+    shared_interval,
+)
 from tpu_operator.reconcile.slices import SliceReconciler
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime import collector
 from tpu_operator.runtime.audit import CacheAudit, Source
-from tpu_operator.runtime.caches import Caches, Index
+from tpu_operator.runtime.caches import Caches, Index, slice_job_name
 from tpu_operator.runtime.collector import DEFAULT_THRESHOLD
 from tpu_operator.runtime.control import ControlChannel, load_master_key
 from tpu_operator.runtime.events import EventRecorder
@@ -162,6 +168,7 @@ class Runtime:
             min_interval=config.reconcile_min_interval,
             spacing=self._slice_spacing,
             settle=config.reconcile_settle,
+            settle_of=self._slice_settle,
             quiet=(ApiError,),
         )
         self.context = Context(
@@ -219,6 +226,17 @@ class Runtime:
     def _slice_spacing(self, key: tuple[str, str], changes: int | None) -> float:
         pods = self.caches.count_pods_of_slice(*key)
         return reconcile_spacing(pods, self.config.reconcile_min_interval, changes)
+
+    def _slice_settle(self, key: tuple[str, str]) -> float:
+        """How long routine progress of a slice waits: a slice of an N-slice job, whose
+        counters its job's status carries and whose counter writes wait N times as long
+        (``reconcile/slices.py``), settles N times as long too (``pacing.shared_interval``).
+        What such a reconcile finds is counters, and those would only be held back."""
+        body = self.caches.slice(*key) or {}
+        slices = (body.get("spec") or {}).get("numSlices")
+        job_owned = slice_job_name(body) is not None
+        sharing = slices if job_owned and isinstance(slices, int) and slices > 1 else 1
+        return shared_interval(self.config.reconcile_settle, sharing)
 
     async def _reconcile_job(self, key: tuple[str, str]) -> float | None:
         if not self._may_act():

@@ -25,6 +25,8 @@ together, as Kubernetes' Job controller batches its pods' updates (``syncJobBatc
 1 s). Each of those reconciles looks at every pod that changed and writes the same counts
 the status pacing would hold back anyway (``reconcile/pacing.py``). Any other event (a
 spec change, a failure, the last pod of a gang becoming ready) is not held back.
+``settle_of``, if given, says per key how long (a slice of a multislice job settles
+longer: ``pacing.shared_interval``).
 
 A failure is logged as one line per attempt, with the delay before the next one. Errors of
 the ``quiet`` types (failed API requests: they name the request and the apiserver's answer)
@@ -79,17 +81,22 @@ class WorkQueue(Generic[K]):
         min_interval: float = 0.0,
         spacing: Spacing[K] | None = None,
         settle: float = 0.0,
+        settle_of: Callable[[K], float] | None = None,
         quiet: tuple[type[Exception], ...] = (),
     ) -> None:
         self.name = name
         self.min_interval = min_interval
         self.settle = settle
         self._spacing_of = spacing
-        # Stamps older than this are dropped; per-key spacing can be longer than the
-        # minimum (it is capped well below a minute: reconcile/pacing.py).
+        self._settle_of = settle_of
+        # Stamps older than this are dropped; per-key spacing and settling can be longer
+        # than the minimum (they are capped well below a minute: reconcile/pacing.py).
+        per_key = spacing is not None or settle_of is not None
         self._finished: Stamps[K] = Stamps(
-            max(min_interval, settle) if spacing is None else 60.0, limit=10000
+            60.0 if per_key else max(min_interval, settle), limit=10000
         )
+        self._stamped = per_key or min_interval > 0 or settle > 0
+        """Whether any wait depends on a key's last reconcile (else none is recorded)."""
         self._handler = handler
         self._workers = workers
         self._base_retry = base_retry
@@ -173,7 +180,7 @@ class WorkQueue(Generic[K]):
             changes = None if urgent else self._changes.get(key, 0)
             wanted = max(wanted, self._spacing_of(key, changes))
         if not urgent and key not in self._prompt and self._changes.get(key):
-            wanted = max(wanted, self.settle)
+            wanted = max(wanted, self.settle if self._settle_of is None else self._settle_of(key))
         return wanted - age
 
     def __len__(self) -> int:
