@@ -74,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
         default=1.0,
         help="seconds between two reconciles of one object asked for only by pods being "
         "scheduled, starting or becoming ready (a failure, a deletion, a spec change or "
-        "the last pod of a gang becoming ready is not held back; 0 disables)",
+        "the last pod of a gang becoming ready is not held back; a slice of an N-slice "
+        "job waits N times as long, at most 10 s; 0 disables)",
     )
     run.add_argument(
         "--gc-threshold",
