@@ -58,7 +58,7 @@ from tpu_operator.reconcile.pools import (
     slice_pool_values,
     stopping_count,
 )
-from tpu_operator.runtime.caches import slice_job_name
+from tpu_operator.runtime.caches import slice_job_name, slice_sharing
 from tpu_operator.runtime.kube import ApiError, namespaced, send_all
 from tpu_operator.state.gang import GangState, Member, assess, members_of, nodes_of
 from tpu_operator.state.views import PodView
@@ -249,7 +249,7 @@ class SliceRun:
                 self.body["metadata"]["uid"],
                 self.body.get("status") or {},
                 new,
-                sharing=self.spec.num_slices if self.managed else 1,
+                sharing=slice_sharing(self.body),
             )
             if hold:
                 self._after(hold)

@@ -39,7 +39,7 @@ from tpu_operator.reconcile.slices import SliceReconciler
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime import collector
 from tpu_operator.runtime.audit import CacheAudit, Source
-from tpu_operator.runtime.caches import Caches, Index, slice_job_name
+from tpu_operator.runtime.caches import Caches, Index, slice_sharing
 from tpu_operator.runtime.collector import DEFAULT_THRESHOLD
 from tpu_operator.runtime.control import ControlChannel, load_master_key
 from tpu_operator.runtime.events import EventRecorder
@@ -232,10 +232,7 @@ class Runtime:
         counters its job's status carries and whose counter writes wait N times as long
         (``reconcile/slices.py``), settles N times as long too (``pacing.shared_interval``).
         What such a reconcile finds is counters, and those would only be held back."""
-        body = self.caches.slice(*key) or {}
-        slices = (body.get("spec") or {}).get("numSlices")
-        job_owned = slice_job_name(body) is not None
-        sharing = slices if job_owned and isinstance(slices, int) and slices > 1 else 1
+        sharing = slice_sharing(self.caches.slice(*key) or {})
         return shared_interval(self.config.reconcile_settle, sharing)
 
     async def _reconcile_job(self, key: tuple[str, str]) -> float | None:

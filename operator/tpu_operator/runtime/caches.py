@@ -311,3 +311,13 @@ def slice_job_name(body: Mapping[str, Any]) -> str | None:
         if ref.get("kind") == contract.JOB_KIND and ref.get("controller"):
             return ref.get("name")
     return None
+
+
+def slice_sharing(body: Mapping[str, Any]) -> int:
+    """How many slices share the pace of a TPUSlice's counter writes and routine
+    reconciles (``reconcile/pacing.py``, ``shared_interval``): its job's ``numSlices``,
+    1 for a standalone slice."""
+    if slice_job_name(body) is None:
+        return 1
+    slices = (body.get("spec") or {}).get("numSlices")
+    return slices if isinstance(slices, int) and slices > 1 else 1
