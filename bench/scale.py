@@ -307,6 +307,26 @@ class Bench:
     """When ``tpu-operator run`` answered its health check (monotonic)."""
 
 
+class PhaseProfiles:
+    """One py-spy recording per phase of a trial (``DIR/<trial>-<phase>.txt``), so that a
+    phase's profile at one size can be set beside the same phase's at another; nothing
+    when ``directory`` is None. Each recording attaches before its phase is timed."""
+
+    def __init__(self, pid: int, directory: Path | None, trial: str) -> None:
+        self.pid, self.directory, self.trial = pid, directory, trial
+        self.current: harness.Profiler | None = None
+
+    async def next(self, phase: str) -> None:
+        await self.stop()
+        name = f"{self.trial}-{phase}.txt"
+        self.current = await harness.profile(self.pid, self.directory, name)
+
+    async def stop(self) -> None:
+        if self.current is not None:
+            await self.current.stop()
+            self.current = None
+
+
 async def kill(bench: Bench, namespace: str, pod: str) -> float:
     """Fail one worker (the agent reports exit code 1); the monotonic time just before."""
     started = time.monotonic()
@@ -325,17 +345,17 @@ async def trial_operator(
     pods = PodCounts(bench.api, pods_path(namespace))
     await pods.start()
     jobs = await Watch(bench.api, jobs_path(namespace)).start()
-    profiler = await harness.profile(operator.pid, bench.profile, f"{name}.txt")
+    profiles = PhaseProfiles(operator.pid, bench.profile, name)
+    await profiles.next("create")
     components = Components(bench.cluster)
     harness.reset_peak(operator.pid)
     meter = Meter(operator.pid, operator.requests, operator.reconciles)
     try:
         result = await operator_phases(
-            bench, operator, pods, jobs, meter, namespace, name, hosts, timeout
+            bench, operator, pods, jobs, meter, profiles, namespace, name, hosts, timeout
         )
     finally:
-        if profiler is not None:
-            await profiler.stop()
+        await profiles.stop()
         await jobs.stop()
     result["peak_mb"] = harness.memory_mb(operator.pid)["peak"]
     result["components"] = components.done()
@@ -349,6 +369,7 @@ async def operator_phases(
     pods: PodCounts,
     jobs: Watch,
     meter: Meter,
+    profiles: PhaseProfiles,
     namespace: str,
     name: str,
     hosts: int,
@@ -369,8 +390,10 @@ async def operator_phases(
     }
     await quiesce(pid)
     result["create_cost"] = meter.phase()
+    await profiles.next("steady")
     await asyncio.sleep(STEADY)
     result["steady_cost"] = meter.phase()
+    await profiles.next("restart")
     say(f"  {name}: all Running after {result['running']:.1f} s; restarting a worker")
 
     failed = await kill(bench, namespace, victim(name, hosts))
@@ -384,6 +407,7 @@ async def operator_phases(
     )
     await quiesce(pid)
     result["restart_cost"] = meter.phase()
+    await profiles.next("delete")
     say(f"  {name}: restarted in {result['restart']['all_new_running']:.1f} s; deleting")
 
     deleting = time.monotonic()
@@ -888,7 +912,8 @@ def main() -> None:
         "--profile",
         type=Path,
         metavar="DIR",
-        help="record the operator with py-spy during each trial into DIR/<trial>.txt "
+        help="record the operator with py-spy during each phase of each trial into "
+        "DIR/<trial>-<phase>.txt "
         "(collapsed stacks) and print the top functions",
     )
     parser.add_argument(
