@@ -92,9 +92,7 @@ class WorkQueue(Generic[K]):
         # Stamps older than this are dropped; per-key spacing and settling can be longer
         # than the minimum (they are capped well below a minute: reconcile/pacing.py).
         per_key = spacing is not None or settle_of is not None
-        self._finished: Stamps[K] = Stamps(
-            60.0 if per_key else max(min_interval, settle), limit=10000
-        )
+        self._finished: Stamps[K] = Stamps(60.0 if per_key else max(min_interval, settle))
         self._stamped = per_key or min_interval > 0 or settle > 0
         """Whether any wait depends on a key's last reconcile (else none is recorded)."""
         self._handler = handler
