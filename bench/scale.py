@@ -54,8 +54,9 @@ runs it anyway); a trial that times out stops the larger sizes and is reported a
 Every finished trial goes to ``bench/results/scale.partial.json`` at once, everything to
 ``bench/results/scale.json`` at the end.
 
-    .venv/bin/python bench/scale.py [--reps N] [--sizes 256 1024 4096 12736]
+    .venv/bin/python bench/scale.py [--reps N] [--small-reps N] [--sizes 256 1024 4096 12736]
         [--variants operator bare] [--profile DIR] [--force]
+    .venv/bin/python bench/scale.py --sizes 256 12736 --small-reps 5   # 256 five times
     .venv/bin/python bench/scale.py --sizes 4096 --variants operator operator-b \
         --b-source /tmp/base                  # an A/B against another checkout
 """
@@ -87,6 +88,8 @@ SLICE_TYPE = "v5litepod-256"
 ACCELERATOR, TOPOLOGY = catalog.short_types()[SLICE_TYPE]
 HOSTS_PER_SLICE = catalog.shape(ACCELERATOR, TOPOLOGY).hosts
 SIZES = {64: 1, 256: 4, 1024: 16, 4096: 64, 12736: 199}
+SMALL_HOSTS = 1024
+"""Sizes up to this take a few minutes a trial at most: ``--small-reps`` repeats them."""
 """Hosts -> slices of v5litepod-256."""
 DEFAULT_SIZES = [256, 1024, 4096, 12736]
 NAMESPACES = {"operator": "scale-op", "operator-b": "scale-opb", "bare": "scale-bare"}
@@ -651,8 +654,12 @@ def fitting(sizes: list[int], force: bool) -> tuple[list[int], dict[int, str]]:
     return kept, skipped
 
 
-async def run_trials(bench: Bench, variants: list[str], sizes: list[int], reps: int) -> dict:
-    """Every trial; returns the sizes that did not finish and why."""
+async def run_trials(
+    bench: Bench, variants: list[str], sizes: list[int], reps: int, small_reps: int = 0
+) -> dict:
+    """Every trial; returns the sizes that did not finish and why. Sizes of up to
+    ``SMALL_HOSTS`` run ``small_reps`` repetitions if that is more than ``reps``: the
+    medians of the size the others are compared with then rest on more than one run."""
     failures: dict[int, str] = {}
     say("warm-up: one untimed 64-host (1-slice) job of each variant")
     for variant in variants:
@@ -664,9 +671,9 @@ async def run_trials(bench: Bench, variants: list[str], sizes: list[int], reps: 
             + (f" ({warmup['post_after_start']:.1f} s after the operator started)"
                if "post_after_start" in warmup else "")
         )  # fmt: skip
-    for rep in range(1, reps + 1):
+    for rep in range(1, max(reps, small_reps) + 1):
         for hosts in sizes:
-            if hosts in failures:
+            if hosts in failures or rep > (max(reps, small_reps) if hosts <= SMALL_HOSTS else reps):
                 continue
             order = variants if rep % 2 else variants[::-1]
             for variant in order:
@@ -906,6 +913,13 @@ def start_operator(cluster: Cluster, variant: str, source: Path | None = None) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument(
+        "--small-reps",
+        type=int,
+        default=0,
+        help=f"repetitions of the sizes of up to {SMALL_HOSTS:,} hosts (about a minute each at 256 "
+        "hosts), if more than --reps: the ratios to the smallest size then rest on its median",
+    )
     parser.add_argument("--sizes", type=int, nargs="+", choices=sorted(SIZES))
     parser.add_argument("--variants", nargs="+", choices=VARIANTS)
     parser.add_argument(
@@ -962,7 +976,7 @@ def main() -> None:
         try:
             bench = Bench(cluster, None, operator, operator_b, profile=args.profile)  # type: ignore[arg-type]
             bench.operator_started = time.monotonic()
-            failures = asyncio.run(drive(bench, variants, sizes, args.reps))
+            failures = asyncio.run(drive(bench, variants, sizes, args.reps, args.small_reps))
         finally:
             for running in (operator, operator_b):
                 if running is not None:
@@ -981,6 +995,7 @@ def main() -> None:
                 "slices": {h: SIZES[h] for h in sizes},
                 "slice_type": SLICE_TYPE,
                 "reps": args.reps,
+                "small_reps": args.small_reps,
                 "variants": variants,
                 "nodes": nodes,
                 "node_monitor_grace_period": grace,
@@ -996,10 +1011,12 @@ def main() -> None:
     )
 
 
-async def drive(bench: Bench, variants: list[str], sizes: list[int], reps: int) -> dict:
+async def drive(
+    bench: Bench, variants: list[str], sizes: list[int], reps: int, small_reps: int
+) -> dict:
     bench.api = connect(bench.cluster)
     try:
-        return await run_trials(bench, variants, sizes, reps)
+        return await run_trials(bench, variants, sizes, reps, small_reps)
     finally:
         await bench.api.close()
 
