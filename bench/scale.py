@@ -54,8 +54,8 @@ runs it anyway); a trial that times out stops the larger sizes and is reported a
 Every finished trial goes to ``bench/results/scale.partial.json`` at once, everything to
 ``bench/results/scale.json`` at the end.
 
-    .venv/bin/python bench/scale.py [--reps N] [--small-reps N] [--sizes 256 1024 4096 12736]
-        [--variants operator bare] [--profile DIR] [--force]
+    .venv/bin/python bench/scale.py [--reps N] [--small-reps N]
+        [--sizes 256 1024 4096 12736] [--variants operator bare] [--profile DIR] [--force]
     .venv/bin/python bench/scale.py --sizes 256 12736 --small-reps 5   # 256 five times
     .venv/bin/python bench/scale.py --sizes 4096 --variants operator operator-b \
         --b-source /tmp/base                  # an A/B against another checkout
@@ -88,9 +88,9 @@ SLICE_TYPE = "v5litepod-256"
 ACCELERATOR, TOPOLOGY = catalog.short_types()[SLICE_TYPE]
 HOSTS_PER_SLICE = catalog.shape(ACCELERATOR, TOPOLOGY).hosts
 SIZES = {64: 1, 256: 4, 1024: 16, 4096: 64, 12736: 199}
+"""Hosts -> slices of v5litepod-256."""
 SMALL_HOSTS = 1024
 """Sizes up to this take a few minutes a trial at most: ``--small-reps`` repeats them."""
-"""Hosts -> slices of v5litepod-256."""
 DEFAULT_SIZES = [256, 1024, 4096, 12736]
 NAMESPACES = {"operator": "scale-op", "operator-b": "scale-opb", "bare": "scale-bare"}
 VARIANTS = ("operator", "operator-b", "bare")
@@ -673,7 +673,8 @@ async def run_trials(
         )  # fmt: skip
     for rep in range(1, max(reps, small_reps) + 1):
         for hosts in sizes:
-            if hosts in failures or rep > (max(reps, small_reps) if hosts <= SMALL_HOSTS else reps):
+            runs = max(reps, small_reps) if hosts <= SMALL_HOSTS else reps
+            if hosts in failures or rep > runs:
                 continue
             order = variants if rep % 2 else variants[::-1]
             for variant in order:
@@ -917,8 +918,9 @@ def main() -> None:
         "--small-reps",
         type=int,
         default=0,
-        help=f"repetitions of the sizes of up to {SMALL_HOSTS:,} hosts (about a minute each at 256 "
-        "hosts), if more than --reps: the ratios to the smallest size then rest on its median",
+        help=f"repetitions of the sizes of up to {SMALL_HOSTS:,} hosts (about a minute "
+        "each at 256 hosts), if more than --reps: the ratios to the smallest size then rest "
+        "on its median",
     )
     parser.add_argument("--sizes", type=int, nargs="+", choices=sorted(SIZES))
     parser.add_argument("--variants", nargs="+", choices=VARIANTS)

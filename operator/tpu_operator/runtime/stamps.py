@@ -8,7 +8,8 @@ The entries are kept in the order they were marked (a key marked again moves to 
 so the stale ones are always at the front and dropping them costs one step each. A gang
 restart of a 12,736-pod job marks every pod's deletion within a few seconds: rebuilding
 the map once it passed a size limit, as this did before, cost a pass over every younger
-entry on every mark, quadratic in the size of the job (bench/README.md, "12,736 hosts").
+entry on every mark, quadratic in the size of the job (bench/README.md, "The restart
+profiled by phase at 12,736 hosts").
 """
 
 from __future__ import annotations
