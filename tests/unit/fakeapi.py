@@ -40,6 +40,16 @@ T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 NS = "ml"
 
 
+class ManualClock:
+    """A monotonic clock that a test moves by hand (set ``now``); pass it as ``clock=``."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def stamp(moment: dt.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 

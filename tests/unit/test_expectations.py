@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.fakeapi import ManualClock
 from tpu_operator.reconcile.expectations import CreatedPods, DeletedPods
 
 pytestmark = pytest.mark.unit
 KEY = ("ns", "train-0")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_created_pod_is_awaited_until_the_cache_shows_it():
-    pods = CreatedPods(ttl=30, clock=Clock())
+    pods = CreatedPods(ttl=30, clock=ManualClock(50.0))
     pods.created(KEY, "train-0-3", 1)
     assert pods.awaited(KEY, "train-0-3", 1)
     assert not pods.awaited(KEY, "train-0-3", 2)  # another attempt's pod of the same name
@@ -29,7 +22,7 @@ def test_a_created_pod_is_awaited_until_the_cache_shows_it():
 
 
 def test_an_expectation_expires_so_a_pod_deleted_unseen_is_created_again():
-    clock = Clock()
+    clock = ManualClock(50.0)
     pods = CreatedPods(ttl=30, clock=clock)
     pods.created(KEY, "train-0-0", 1)
     clock.now += 29
@@ -48,7 +41,7 @@ def test_forgetting_a_slice_drops_its_expectations():
 
 
 def test_a_requested_deletion_is_awaited_until_it_expires():
-    clock = Clock()
+    clock = ManualClock(50.0)
     deleted = DeletedPods(ttl=30, clock=clock)
     deleted.requested("uid-1")
     assert deleted.awaited("uid-1") and not deleted.awaited("uid-2")

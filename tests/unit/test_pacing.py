@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.fakeapi import ManualClock
 from tpu_operator.reconcile.pacing import (
     StatusPacer,
     counters_only,
@@ -36,14 +37,6 @@ def status(waiting: int, phase: str = "Restarting", **extra: object) -> dict[str
 pytestmark = pytest.mark.unit
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def goodput(wall: float, finished: float = 0.0) -> dict[str, object]:
     return {
         "wallSeconds": wall,
@@ -72,7 +65,7 @@ def test_phase_reason_attempt_and_new_fields_are_material():
 
 
 def test_first_write_and_material_writes_are_never_held():
-    clock = Clock()
+    clock = ManualClock(100.0)
     pacer = StatusPacer(interval=1.0, clock=clock)
     assert pacer.hold("uid", status(200), status(199)) == 0.0  # nothing written yet
     pacer.wrote("uid")
@@ -81,7 +74,7 @@ def test_first_write_and_material_writes_are_never_held():
 
 
 def test_counter_writes_wait_for_the_rest_of_the_interval():
-    clock = Clock()
+    clock = ManualClock(100.0)
     pacer = StatusPacer(interval=1.0, clock=clock)
     pacer.wrote("uid")
     clock.now += 0.25
@@ -103,7 +96,7 @@ def test_counter_writes_wait_for_the_rest_of_the_interval():
     ],
 )
 def test_objects_sharing_an_interval_space_their_counter_writes(interval, sharing, spaced):
-    clock = Clock()
+    clock = ManualClock(100.0)
     pacer = StatusPacer(interval=interval, clock=clock)
     assert pacer.spaced(sharing) == spaced
     pacer.wrote("uid")

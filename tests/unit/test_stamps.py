@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.fakeapi import ManualClock
 from tpu_operator.runtime.stamps import Stamps
 
 pytestmark = pytest.mark.unit
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.mark.parametrize(
@@ -62,7 +55,7 @@ class Clock:
 def test_ages_and_what_is_kept(
     marks: list[tuple[str, float]], at: float, ages: dict[str, float | None], kept: int
 ) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     stamps: Stamps[str] = Stamps(10.0, clock)
     for key, offset in marks:
         clock.now = 1000.0 + offset
@@ -75,7 +68,7 @@ def test_ages_and_what_is_kept(
 def test_every_deletion_of_a_large_restart_is_remembered_until_its_ttl() -> None:
     """A 12,736-pod gang restart marks every pod within seconds: all are kept (none is
     deleted twice), and once the TTL has passed the next mark leaves only itself."""
-    clock = Clock()
+    clock = ManualClock(1000.0)
     stamps: Stamps[str] = Stamps(30.0, clock)
     for n in range(12_736):
         clock.now = 1000.0 + n / 1000
