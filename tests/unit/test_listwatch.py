@@ -98,6 +98,52 @@ def test_a_standalone_slice_pod_has_no_job_key():
     assert set(store) == {("slice", NS, "s")}
 
 
+@pytest.mark.parametrize(
+    ("bodies", "leaders"),
+    [
+        pytest.param([pod("j-0-1", "u1")], [], id="no worker 0"),
+        pytest.param(
+            [pod("j-0-0", "u0"), pod("j-0-1", "u1"), pod("j-1-0", "u2", slice_name="j-1")],
+            ["j-0-0", "j-1-0"],
+            id="worker 0 of each slice",
+        ),
+        pytest.param(
+            [pod("j-0-0", "u0"), pod("j-0-0", "u3", attempt=2)],
+            ["j-0-0/1", "j-0-0/2"],
+            id="of every attempt",
+        ),
+        pytest.param(
+            [pod("j-0-0", "u0"), pod("k-0-0", "u1", job="k", slice_name="k-0")],
+            ["j-0-0"],
+            id="of this job only",
+        ),
+        pytest.param([pod("s-0", "u0", job="s", slice_name="s")], [], id="standalone slice"),
+    ],
+)
+def test_a_jobs_slice_leaders_are_looked_up_by_their_own_key(
+    bodies: list[dict[str, Any]], leaders: list[str]
+) -> None:
+    store = PODS.store()
+    caches = Caches(pods=store, slices={}, jobs={}, nodes={})
+    for body in bodies:
+        put(store, body)
+    found = caches.leaders_of_job(NS, "j")
+    named = [p.name for p in found]
+    if len(set(named)) < len(named):  # the same pod name in two attempts
+        named = [f"{p.name}/{p.attempt}" for p in found]
+    assert sorted(named) == leaders
+
+
+def test_a_leader_that_is_deleted_leaves_the_leaders_key():
+    store = PODS.store()
+    caches = Caches(pods=store, slices={}, jobs={}, nodes={})
+    put(store, pod("j-0-0", "u0"))
+    put(store, pod("j-0-0", "u0", phase="Running", version="2"))
+    assert [p.phase for p in caches.leaders_of_job(NS, "j")] == ["Running"]
+    store.discard((NS, "j-0-0", "u0"))
+    assert caches.leaders_of_job(NS, "j") == [] and len(store) == 0
+
+
 def test_the_store_counts_a_jobs_pods_by_attempt_through_every_change():
     store = PODS.store()
     caches = Caches(pods=store, slices={}, jobs={}, nodes={})
@@ -192,6 +238,7 @@ def test_the_store_keeps_no_record_of_keys_per_object():
         ("slice", NS, "j-0"),
         ("slice", NS, "j-1"),
         ("job", NS, "j"),
+        ("leaders", NS, "j"),
         ("node", "n1"),
         ("node", "n2"),
         ("node", "n9"),

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from tpu_operator import contract, worker_metrics
 from tpu_operator.progress import sampler as sampler_module
-from tpu_operator.progress.sampler import ProgressSampler, monitoring_of
+from tpu_operator.progress.sampler import ProgressSampler, monitoring_of, round_targets
 from tpu_operator.runtime.caches import Caches, identity_of
 from tpu_operator.runtime.listwatch import PODS
 from tpu_operator.state.views import pod_view
@@ -151,3 +151,57 @@ def test_monitoring_settings_are_parsed_once_per_generation_and_dropped_with_the
     sampler.tick()
     assert parsed == ["j7"]
     assert len(sampler._settings) == 11_999
+
+
+def cached(*bodies: dict[str, Any]) -> Caches:
+    store = PODS.store()
+    for body in bodies:
+        view = pod_view(body)
+        assert view is not None
+        store.put(identity_of(body), view)
+    return Caches(pods=store, slices={}, jobs={}, nodes={})
+
+
+def pod_at(slice_index: int, worker: int, attempt: int = 1, **status: Any) -> dict[str, Any]:
+    body = worker_pod(slice_index, worker, SERVING)
+    body["metadata"]["uid"] += f"-a{attempt}"
+    labels = body["metadata"]["labels"]
+    labels[contract.LABEL_RESTART_ATTEMPT] = str(attempt)
+    labels[contract.LABEL_SLICE_INDEX] = str(slice_index)
+    body["status"].update(status)
+    return body
+
+
+MIXED = (
+    pod_at(1, 0),
+    pod_at(1, 1),
+    pod_at(0, 0),
+    pod_at(0, 1),
+    pod_at(2, 0, attempt=2),  # the next attempt's
+    pod_at(3, 0, phase="Pending"),
+    pod_at(4, 0, podIP=""),
+)
+
+
+@pytest.mark.parametrize(
+    ("full", "silent", "round_number", "names"),
+    [
+        pytest.param(True, False, 0, ["j-0-0", "j-0-1", "j-1-0", "j-1-1"], id="full round"),
+        pytest.param(False, False, 1, ["j-0-0", "j-1-0"], id="leaders, by slice"),
+        pytest.param(False, True, 1, ["j-1-0"], id="silent: one leader, round 1"),
+        pytest.param(False, True, 2, ["j-0-0"], id="silent: the next leader, round 2"),
+    ],
+)
+def test_a_round_reads_the_readable_pods_of_the_attempt(
+    full: bool, silent: bool, round_number: int, names: list[str]
+) -> None:
+    """Pods of another attempt, not Running or without an IP are never read; a round that
+    is not full reads the leaders from their own index, in slice order."""
+    targets = round_targets(cached(*MIXED), (NAMESPACE, JOB), 1, full, silent, round_number)
+    found = [p.name for p in targets]
+    assert (sorted(found) if full else found) == names
+
+
+def test_no_readable_leader_reads_nobody() -> None:
+    caches = cached(pod_at(0, 1), pod_at(1, 0, phase="Pending"))
+    assert round_targets(caches, (NAMESPACE, JOB), 1, False, True, 3) == []

@@ -156,23 +156,12 @@ class ProgressSampler:
             track = self.tracks[key] = JobTrack(attempt)
         round_number = self._rounds.get(key, 0)
         self._rounds[key] = round_number + 1
-        full = round_number % FULL_ROUND_EVERY == 0 and key not in self._silent
+        silent = key in self._silent
+        full = round_number % FULL_ROUND_EVERY == 0 and not silent
         port = ((job.get("spec") or {}).get("ports") or {}).get(
             "metrics", contract.DEFAULT_METRICS_PORT
         )
-        pods = [
-            p
-            for p in self.caches.pods_of_job(*key)
-            if p.attempt == attempt and p.phase == "Running" and p.pod_ip and not p.deleting
-        ]
-        if full:
-            targets = pods
-        else:
-            leaders = sorted((p for p in pods if p.worker_index == 0), key=lambda p: p.slice_index)
-            if key in self._silent and leaders:
-                # Nobody answered: probe one slice a round, in turn, until somebody does.
-                leaders = [leaders[round_number % len(leaders)]]
-            targets = leaders
+        targets = round_targets(self.caches, key, attempt, full, silent, round_number)
         results = await asyncio.gather(*(self._read(p, port) for p in targets))
         answered = 0
         for pod, sample in zip(targets, results, strict=True):
@@ -227,6 +216,34 @@ class ProgressSampler:
         due = published is None or now - published.timestamp() >= self.publish_interval
         if changed or (due and track.leader() is not None):
             self.enqueue(key)
+
+
+def round_targets(
+    caches: Caches, key: Key, attempt: int, full: bool, silent: bool, round_number: int
+) -> list[PodView]:
+    """The pods a round reads: every worker of ``attempt`` that may serve metrics (a full
+    round), or worker 0 of each slice, or (``silent``: nobody answered the last round)
+    one of those, each slice in turn.
+
+    The leaders come from their own index: walking a 12,736-pod job's pods to find its
+    199 leaders cost every round of such a job that much, every ``sampleInterval`` for as
+    long as its pods started (bench/README.md, "Leaders looked up, not searched for")."""
+    if full:
+        return _readable(caches.pods_of_job(*key), attempt)
+    leaders = sorted(_readable(caches.leaders_of_job(*key), attempt), key=lambda p: p.slice_index)
+    if silent and leaders:
+        return [leaders[round_number % len(leaders)]]
+    return leaders
+
+
+def _readable(pods: list[PodView], attempt: int) -> list[PodView]:
+    """The pods of ``attempt`` that may serve metrics now: Running, with an IP, and not
+    being deleted."""
+    return [
+        p
+        for p in pods
+        if p.attempt == attempt and p.phase == "Running" and p.pod_ip and not p.deleting
+    ]
 
 
 def monitoring_of(job: dict[str, Any]) -> Monitoring | None:

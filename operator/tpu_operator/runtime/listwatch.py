@@ -83,6 +83,10 @@ def pod_keys(view: PodView) -> Keys:
     keys: Keys = {("slice", view.namespace, view.slice_name): view}
     if view.job_owned:
         keys[("job", view.namespace, view.job_name)] = view
+        if view.worker_index == 0:
+            # A job's slice leaders, one pod in 64 on the largest slices: what the
+            # progress sampler reads on most rounds (``Caches.leaders_of_job``).
+            keys[("leaders", view.namespace, view.job_name)] = view
     if view.node:
         keys[("node", view.node)] = view
     if view.pool:
