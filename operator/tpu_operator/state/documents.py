@@ -16,7 +16,7 @@ empty ones. ``state/views.py`` builds the cached views from these documents only
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -129,6 +129,22 @@ class WatchEvent(_Doc, Generic[D]):
 
     type: str = ""
     object: D | None = None
+
+
+class ListedMetadata(_Doc):
+    """What a metadata-only list (``PartialObjectMetadataList``) is read for: who each
+    object is and who owns it. Its managed fields, most of each item (a TPUSlice's are
+    1.5 KB of 2.1, some 60 nested objects), are skipped without being built."""
+
+    name: str | None = None
+    namespace: str | None = None
+    uid: str | None = None
+    labels: dict[str, str] | None = None
+    ownerReferences: list[dict[str, Any]] | None = None
+
+
+class ListedObject(_Doc):
+    metadata: ListedMetadata | None = None
 
 
 EMPTY_METADATA = Metadata()
