@@ -22,10 +22,11 @@ of a starting 12,736-host job some 200 pods moved, in at most 199 slices.
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 from dataclasses import replace
+
+import micro
 
 from tpu_operator import contract
 from tpu_operator.reconcile.gangs import GangParts
@@ -168,15 +169,13 @@ def measure(hosts: int, number: int, repeat: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 12736])
-    parser.add_argument("--number", type=int, default=20)
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
-    print("| hosts | walk, us | by slices, us (/ walk): 0 / 1 / a quarter / all slices changed |")
-    print("|---|---|---|")
-    for hosts in args.sizes:
-        print(measure(hosts, args.number, args.repeat), flush=True)
+    micro.table(
+        __doc__,
+        ["hosts", "walk, us", "by slices, us (/ walk): 0 / 1 / a quarter / all slices changed"],
+        measure,
+        sizes=[1024, 4096, 12736],
+        number=20,
+    )
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ nested objects a slice). Side by side in one process, over the same page:
 
 The page's items are made like the TPUSlices of ``bench/scale.py``'s job: metadata and
 managed fields as the apiserver (v1.36) served them for one of its slices.
-Figures: microseconds per page (best of ``--repeat`` rounds of ``--number``), the
-typed decode's ratio to the other, and the containers each leaves for the garbage
-collector to track while the page is alive.
+The garbage collector is set as the operator sets it (``collector.tune``, threshold
+``--gc-threshold``; 0 keeps CPython's 700). Figures: microseconds per page (best of
+``--repeat`` rounds of ``--number``), the typed decode's ratio to the other, and the
+containers each leaves for the garbage collector to track while the page is alive.
 
     .venv/bin/python bench/metadata_list.py [--sizes 4 64 199 1000]
 """
@@ -23,12 +24,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
+import micro
 import orjson
 
+from tpu_operator.runtime import collector
 from tpu_operator.runtime.kube import LISTED_FIELDS, listed_metadata
 
 MANAGED_FIELDS: list[dict[str, Any]] = [
@@ -186,21 +188,11 @@ def tracked(decode: Callable[[bytes], object], raw: bytes) -> int:
     return after - before
 
 
-def best_us(call: Callable[[], object], number: int, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        started = time.perf_counter()
-        for _ in range(number):
-            call()
-        best = min(best, (time.perf_counter() - started) / number)
-    return best * 1e6
-
-
 def measure(items: int, number: int, repeat: int) -> str:
     raw = page(items)
     assert pick(raw) == listed_metadata(raw), "both keep the same fields"
-    slow = best_us(lambda: pick(raw), number, repeat)
-    fast = best_us(lambda: listed_metadata(raw), number, repeat)
+    slow = micro.best_us(lambda _: pick(raw), number, repeat)
+    fast = micro.best_us(lambda _: listed_metadata(raw), number, repeat)
     whole, typed = tracked(orjson.loads, raw), tracked(listed_metadata, raw)
     return (
         f"| {items:,} | {len(raw) / 1024:,.0f} | {slow:,.0f} | {fast:,.0f} | "
@@ -208,19 +200,28 @@ def measure(items: int, number: int, repeat: int) -> str:
     )
 
 
+def gc_threshold(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], None]:
+    parser.add_argument("--gc-threshold", type=int, default=collector.DEFAULT_THRESHOLD)
+    return lambda args: collector.tune(args.gc_threshold)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[4, 64, 199, 1000])
-    parser.add_argument("--number", type=int, default=20)
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
-    print(
-        "| slices | page KB | orjson + pick, us | typed, us | typed / orjson + pick "
-        "| containers tracked: whole page | typed |"
+    micro.table(
+        __doc__,
+        [
+            "slices",
+            "page KB",
+            "orjson + pick, us",
+            "typed, us",
+            "typed / orjson + pick",
+            "containers tracked: whole page",
+            "typed",
+        ],
+        measure,
+        sizes=[4, 64, 199, 1000],
+        number=20,
+        setup=gc_threshold,
     )
-    print("|---|---|---|---|---|---|---|")
-    for items in args.sizes:
-        print(measure(items, args.number, args.repeat), flush=True)
 
 
 if __name__ == "__main__":

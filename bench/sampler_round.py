@@ -19,10 +19,7 @@ Running (``job_assess.filled``). Figures: microseconds per round (the best of
 
 from __future__ import annotations
 
-import argparse
-import time
-from collections.abc import Callable
-
+import micro
 from job_assess import ATTEMPT, JOB, NAMESPACE, filled
 
 from tpu_operator.progress.sampler import round_targets
@@ -47,35 +44,23 @@ def index(caches: Caches, round_number: int) -> list[PodView]:
     return round_targets(caches, KEY, ATTEMPT, False, True, round_number)
 
 
-def best_us(call: Callable[[int], object], number: int, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        started = time.perf_counter()
-        for turn in range(number):
-            call(turn)
-        best = min(best, (time.perf_counter() - started) / number)
-    return best * 1e6
-
-
 def measure(hosts: int, number: int, repeat: int) -> str:
     caches, _, _ = filled(hosts)
     for turn in range(3):
         assert walk(caches, turn) == index(caches, turn), "both read the same leader"
-    slow = best_us(lambda turn: walk(caches, turn), number, repeat)
-    fast = best_us(lambda turn: index(caches, turn), number, repeat)
+    slow = micro.best_us(lambda turn: walk(caches, turn), number, repeat)
+    fast = micro.best_us(lambda turn: index(caches, turn), number, repeat)
     return f"| {hosts:,} | {slow:,.1f} | {fast:,.1f} | {fast / slow:.3f} |"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 4096, 12736])
-    parser.add_argument("--number", type=int, default=50)
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
-    print("| hosts | walk, us per round | index, us per round | index / walk |")
-    print("|---|---|---|---|")
-    for hosts in args.sizes:
-        print(measure(hosts, args.number, args.repeat), flush=True)
+    micro.table(
+        __doc__,
+        ["hosts", "walk, us per round", "index, us per round", "index / walk"],
+        measure,
+        sizes=[256, 1024, 4096, 12736],
+        number=50,
+    )
 
 
 if __name__ == "__main__":
