@@ -1,4 +1,5 @@
-"""The fields of a worker pod and a TPU node that the operator reads, as typed documents.
+"""The fields of a worker pod and a TPU node that the operator reads, as typed documents
+(and of the objects of a metadata-only list: ``ListedMetadata``).
 
 Pod events are the operator's most frequent input: about five per pod while a job
 starts, as many again while it restarts. A worker pod is 6-8 KB of JSON, nearly all of
