@@ -22,7 +22,6 @@ of a starting 12,736-host job some 200 pods moved, in at most 199 slices.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -125,23 +124,6 @@ def by_slices(caches: Caches, parts: GangParts, slices: int) -> tuple[int, int]:
     return gang.active_pods, gang.terminating_pods
 
 
-def best_us(
-    check: Callable[[], object], change: Callable[[int], None], number: int, repeat: int
-) -> float:
-    """Best over ``repeat`` rounds of the mean time of ``check`` (``change`` runs before
-    each call, untimed)."""
-    best = float("inf")
-    for _ in range(repeat):
-        spent = 0.0
-        for turn in range(number):
-            change(turn)
-            started = time.perf_counter()
-            check()
-            spent += time.perf_counter() - started
-        best = min(best, spent / number)
-    return best * 1e6
-
-
 def measure(hosts: int, number: int, repeat: int) -> str:
     """One table row: the walk and the assessment by slices, side by side."""
     caches, pods, views = filled(hosts)
@@ -160,10 +142,12 @@ def measure(hosts: int, number: int, repeat: int) -> str:
 
         return change
 
-    slow = best_us(lambda: walk(caches, slices), touch(0), number, repeat)
+    slow = micro.best_us(lambda _: walk(caches, slices), number, repeat, touch(0))
     figures = []
     for changed in (0, 1, max(1, slices // 4), slices):
-        fast = best_us(lambda: by_slices(caches, parts, slices), touch(changed), number, repeat)
+        fast = micro.best_us(
+            lambda _: by_slices(caches, parts, slices), number, repeat, touch(changed)
+        )
         figures.append(f"{fast:,.0f} ({fast / slow:.3f})")
     return f"| {hosts:,} | {slow:,.0f} | {' / '.join(figures)} |"
 
