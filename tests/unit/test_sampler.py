@@ -44,13 +44,21 @@ def worker_pod(slice_index: int, worker: int, ip: str) -> dict[str, Any]:
 
 
 def caches(leaders_serve: bool) -> Caches:
+    return cached(
+        *(
+            worker_pod(s, w, SERVING if leaders_serve and w == 0 else SILENT)
+            for s in range(SLICES)
+            for w in range(HOSTS)
+        )
+    )
+
+
+def cached(*bodies: dict[str, Any]) -> Caches:
     store = PODS.store()
-    for s in range(SLICES):
-        for w in range(HOSTS):
-            body = worker_pod(s, w, SERVING if leaders_serve and w == 0 else SILENT)
-            view = pod_view(body)
-            assert view is not None
-            store.put(identity_of(body), view)
+    for body in bodies:
+        view = pod_view(body)
+        assert view is not None
+        store.put(identity_of(body), view)
     return Caches(pods=store, slices={}, jobs={}, nodes={})
 
 
@@ -151,15 +159,6 @@ def test_monitoring_settings_are_parsed_once_per_generation_and_dropped_with_the
     sampler.tick()
     assert parsed == ["j7"]
     assert len(sampler._settings) == 11_999
-
-
-def cached(*bodies: dict[str, Any]) -> Caches:
-    store = PODS.store()
-    for body in bodies:
-        view = pod_view(body)
-        assert view is not None
-        store.put(identity_of(body), view)
-    return Caches(pods=store, slices={}, jobs={}, nodes={})
 
 
 def pod_at(slice_index: int, worker: int, attempt: int = 1, **status: Any) -> dict[str, Any]:
