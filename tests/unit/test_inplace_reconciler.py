@@ -421,6 +421,14 @@ def test_a_maintenance_notice_asks_every_worker_to_checkpoint_once():
         clock=lambda: cluster.monotonic,
     )
     running_job(cluster, channel, monitoring={"enabled": False})
+    # a notice on a node none of the job's workers run on asks nothing of them
+    (idle, _) = cluster.add_pool("idle", *V5P, hosts=2)
+    cluster.objects[f"/api/v1/nodes/{idle}"]["metadata"]["labels"][
+        "cloud.google.com/scheduled-maintenance-time"
+    ] = "1795399137"
+    cluster.advance(1)
+    cluster.settle()
+    assert channel.asked == [] and cluster.job("j")["status"].get("checkpointRequests", 0) == 0
     node = cluster.pods("j")["j-0-0"]["spec"]["nodeName"]
     cluster.objects[f"/api/v1/nodes/{node}"]["metadata"]["labels"][
         "cloud.google.com/scheduled-maintenance-time"

@@ -15,8 +15,19 @@ from tpu_operator.state.views import NodeView
 pytestmark = pytest.mark.unit
 
 
-def node(name: str, pool: str = "p", ready: bool = True) -> NodeView:
-    return NodeView(name, pool, "tpu-v5p-slice", "2x2x1", ready, False, False, None, 4)
+def node(name: str, pool: str = "p", ready: bool = True, notice: str | None = None) -> NodeView:
+    return NodeView(
+        name,
+        pool,
+        "tpu-v5p-slice",
+        "2x2x1",
+        ready,
+        False,
+        False,
+        None,
+        4,
+        disruption_notice=notice,
+    )
 
 
 def caches_with(*nodes: NodeView) -> tuple[Caches, defaultdict[Any, list[Any]]]:
@@ -53,3 +64,16 @@ def test_derived_values_are_computed_once_per_snapshot():
     caches.nodes_changed()
     assert sorted(caches.from_nodes("pools", build)) == ["p1", "p2", "p3"]
     assert calls == [2, 3]
+
+
+def test_noticed_nodes_are_the_nodes_with_a_notice_as_of_the_last_node_event():
+    notice = "maintenance scheduled at 1795399137"
+    caches, index = caches_with(node("a"), node("b", notice=notice))
+    assert caches.noticed_nodes() == {"b": notice}
+    index[("node", "a")] = [node("a", notice="terminating")]
+    assert caches.noticed_nodes() == {"b": notice}  # until the event arrives
+    caches.nodes_changed()
+    assert caches.noticed_nodes() == {"a": "terminating", "b": notice}
+    index[("node", "b")] = [node("b")]  # the maintenance is over
+    caches.nodes_changed()
+    assert caches.noticed_nodes() == {"a": "terminating"}

@@ -61,6 +61,9 @@ class NodeSnapshot:
 
     by_name: dict[str, NodeView]
     not_ready: frozenset[str]
+    noticed: dict[str, str]
+    """Node -> its notice of maintenance or termination (``NodeView.disruption_notice``),
+    for the nodes that have one: a few at a time, where a job's pods are thousands."""
     derived: dict[str, Any] = field(default_factory=dict)
     """Values computed from the nodes alone (node pools), kept as long as the snapshot."""
 
@@ -284,13 +287,19 @@ class Caches:
                 for view in store
             }
             snapshot = NodeSnapshot(
-                by_name, frozenset(n for n, v in by_name.items() if not v.ready)
+                by_name,
+                frozenset(n for n, v in by_name.items() if not v.ready),
+                {n: v.disruption_notice for n, v in by_name.items() if v.disruption_notice},
             )
             self._node_snapshot = snapshot
         return snapshot
 
     def node(self, name: str) -> NodeView | None:
         return self._nodes_now().by_name.get(name)
+
+    def noticed_nodes(self) -> Mapping[str, str]:
+        """The TPU nodes with a notice of maintenance or termination, and the notice."""
+        return self._nodes_now().noticed
 
     def tpu_nodes(self) -> list[NodeView]:
         return list(self._nodes_now().by_name.values())
