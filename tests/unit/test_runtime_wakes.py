@@ -130,6 +130,32 @@ def test_the_event_that_makes_the_last_pod_of_a_gang_ready_is_urgent(runtime: An
     assert runtime.caches.unready_pods("ml", "j", 1) == 0
 
 
+def test_the_event_that_makes_the_last_pod_of_a_jobs_slice_ready_is_prompt_for_that_slice(
+    runtime: Any,
+) -> None:
+    # A slice of an N-slice job settles routine progress up to 10 s; its move to Running
+    # must not wait for that. Its job, still waiting for slice j-1, takes it as routine.
+    ready = [{"type": "Ready", "status": "True"}]
+    store = runtime.pod_watch.store
+    bodies = [pod(f"j-0-{i}", phase="Pending") for i in range(2)]
+    other = pod("j-1-0", phase="Pending")
+    other["metadata"]["labels"][contract.LABEL_SLICE_NAME] = "j-1"
+    for body in (*bodies, other):
+        store.put(identity_of(body), pod_view(body))
+    for body in bodies:
+        body["status"].update(phase="Running", conditions=ready)
+        view = pod_view(body)
+        store.put(identity_of(body), view)
+        runtime.pod_event("MODIFIED", view)
+    assert runtime.slices.calls == [(("ml", "j-0"), False)] * 2
+    assert runtime.slices.routine == [True, False], "the slice's last pod: not routine"
+    assert runtime.jobs.calls == [(("ml", "j"), False)] * 2
+    assert runtime.jobs.routine == [True, True], "the job still waits for j-1"
+    assert runtime.caches.unready_in_slice("ml", "j-0", 1) == 0
+    assert runtime.caches.unready_in_slice("ml", "j-1", 1) == 1
+    assert runtime.caches.unready_pods("ml", "j", 1) == 1
+
+
 @pytest.mark.parametrize(("ready", "urgent"), [("True", False), ("False", True)])
 def test_a_node_event_is_urgent_for_its_pods_when_the_node_is_lost(
     runtime: Any, ready: str, urgent: bool

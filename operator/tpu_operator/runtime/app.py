@@ -273,7 +273,9 @@ class Runtime:
         """A worker pod changed (``type`` None: listed): wake its slice and job. An event
         that may end the gang's attempt, or that makes the last pod of its attempt ready,
         is urgent; any other is routine progress (``WorkQueue.settle``), and so are the
-        stops and deletions of an attempt the job has left, but for its last pod."""
+        stops and deletions of an attempt the job has left, but for its last pod. The
+        event that makes the last pod of one slice of a job ready is not routine for that
+        slice (it moves the slice's phase)."""
         if type == "DELETED":
             self.caches.tombstones.record(view)  # a standby keeps them too
         if not self.acting:
@@ -283,7 +285,13 @@ class Runtime:
         urgent = type == "DELETED" or may_end_attempt(view) or self._completes(view)
         if urgent and not last and self._left_behind(view):
             urgent = False
-        self._wake_pod(view, urgent=urgent, routine=not urgent)
+        # The last pod of one slice of a multislice job became ready: the slice says it is
+        # Running now, not after a slice of an N-slice job's longer settle time (up to
+        # 10 s); its job, still waiting for other slices, takes it as routine progress.
+        prompt = not urgent and view.job_owned and self._completes_slice(view)
+        self._wake_pod(
+            view, urgent=urgent, routine=not urgent, slice_routine=not (urgent or prompt)
+        )
         if last and _live(self.caches.job(view.namespace, view.job_name)):
             # The gang's barrier may have lifted: every slice of the job creates the next
             # attempt's pods once no pod of an older one is left (reconcile/slices.py).
@@ -319,16 +327,35 @@ class Runtime:
         unready = self.caches.unready_pods(view.namespace, view.job_name, view.attempt)
         return unready is None or unready == 0
 
-    def _wake_pod(self, pod: PodView, *, urgent: bool, routine: bool = False) -> None:
+    def _completes_slice(self, view: PodView) -> bool:
+        """Whether ``view``, a pod of a job, is ready and no other pod of its slice's
+        attempt is left not ready: the slice may now be Running."""
+        if not view.ready:
+            return False
+        unready = self.caches.unready_in_slice(view.namespace, view.slice_name, view.attempt)
+        return unready is None or unready == 0
+
+    def _wake_pod(
+        self,
+        pod: PodView,
+        *,
+        urgent: bool,
+        routine: bool = False,
+        slice_routine: bool | None = None,
+    ) -> None:
         """Reconcile what a worker pod belongs to: its slice and, for a job's pod, its job.
         ``urgent``: the event may end the gang's attempt; ``routine``: it reports progress
-        only (``WorkQueue.add``).
+        only (``WorkQueue.add``); ``slice_routine``, if given, says so for the slice alone.
 
         Not an owner that is gone or being deleted: its reconcile has nothing to do, and
         while a deleted job's thousands of pods go, each of their events would otherwise
         be one. An owner not cached yet is reconciled by its own first event."""
         if _live(self.caches.slice(pod.namespace, pod.slice_name)):
-            self.slices.add((pod.namespace, pod.slice_name), urgent=urgent, routine=routine)
+            self.slices.add(
+                (pod.namespace, pod.slice_name),
+                urgent=urgent,
+                routine=routine if slice_routine is None else slice_routine,
+            )
         if pod.job_owned and _live(self.caches.job(pod.namespace, pod.job_name)):
             self.jobs.add((pod.namespace, pod.job_name), urgent=urgent, routine=routine)
 

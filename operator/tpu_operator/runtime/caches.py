@@ -7,7 +7,8 @@ filled before anything reconciles and maps a key to a collection of values; the 
 - pods: ("slice", ns, slice) / ("job", ns, job) (job-owned pods only) / ("node", node) /
   ("pool", node pool the pod is pinned to) -> PodView; and, counted per job, the restart
   attempts its pods belong to (``attempts_of_job``) and, per attempt, its pods that are
-  neither ready nor finished (``unready_pods``)
+  neither ready nor finished (``unready_pods``; per slice of a job: ``unready_in_slice``);
+  ("leaders", ns, job) -> worker 0 of each of the job's slices
 - slices: ("slice", ns, name) / ("job", ns, job) -> TPUSlice body; ("pool", pool) -> the
   holder an active standalone slice's ``status.nodePool`` records
 - jobs: ("job", ns, name) -> TPUJob body; ("pool", pool) -> the holder an active job's
@@ -241,6 +242,16 @@ class Caches:
         if counts is None:
             return None
         return cast(Mapping[int, int], counts(("unready", namespace, gang))).get(attempt, 0)
+
+    def unready_in_slice(self, namespace: str, slice_name: str, attempt: int) -> int | None:
+        """How many cached pods of ``attempt`` in a job's slice are neither ready nor
+        finished (``unready_pods`` for one slice of a job); None when the pods are a plain
+        mapping (unit tests' indexes)."""
+        counts = getattr(self._pods, "counts", None)
+        if counts is None:
+            return None
+        group = ("unready-slice", namespace, slice_name)
+        return cast(Mapping[int, int], counts(group)).get(attempt, 0)
 
     def pods_version(self, namespace: str, slice_name: str) -> int | None:
         """A number that changes whenever a pod of the slice changes, comes or goes

@@ -99,8 +99,10 @@ def pod_tally(view: PodView) -> Tallied:
 
     - a job-owned pod under its job with its restart attempt (``Caches.attempts_of_job``);
     - a pod that is neither ready nor finished under its gang (its job, or its standalone
-      slice) with its attempt (``Caches.unready_pods``): the event that makes a gang's
-      last pod ready is then told from the others in O(1) (``Runtime.pod_event``).
+      slice) with its attempt (``Caches.unready_pods``), and a job's pod under its slice
+      too (``Caches.unready_in_slice``): the event that makes the last pod of a gang, or
+      of one slice of a job, ready is then told from the others in O(1)
+      (``Runtime.pod_event``).
     """
     if view.ready or view.terminal:
         if view.job_owned:
@@ -108,7 +110,11 @@ def pod_tally(view: PodView) -> Tallied:
         return ()
     unready = (("unready", view.namespace, view.job_name), view.attempt)
     if view.job_owned:
-        return (("job", view.namespace, view.job_name), view.attempt), unready
+        return (
+            (("job", view.namespace, view.job_name), view.attempt),
+            unready,
+            (("unready-slice", view.namespace, view.slice_name), view.attempt),
+        )
     return (unready,)
 
 
