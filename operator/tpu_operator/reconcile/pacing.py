@@ -32,11 +32,12 @@ for the spacing, so a restart is decided as soon as before.
 At every size, routine progress (pods being scheduled, starting, becoming ready, and the
 stops of an attempt the job has left) is also batched by the work queue's ``settle`` time
 (``runtime/workqueue.py``), unless an event makes the last pod of a gang's attempt ready,
-or the last pod of one slice of a job, whose phase it moves (``Runtime.pod_event``). A slice of an N-slice job settles N times as long, 10 s at most
-(``shared_interval``): a reconcile that only routine progress asked for changes nothing
-but its counters, and those it would hold back that long anyway. On a cluster that starts
-or stops a large job's pods a few a second, each of its slices otherwise got one
-reconcile a second for as long as that took.
+or the last pod of one slice of a job, whose phase it moves (``Runtime.pod_event``). A
+slice of an N-slice job settles N times as long, 10 s at most (``shared_interval``): a
+reconcile that only routine progress asked for changes nothing but its counters, and
+those it would hold back that long anyway. On a cluster that starts or stops a large
+job's pods a few a second, each of its slices otherwise got one reconcile a second for as
+long as that took.
 """
 
 from __future__ import annotations
