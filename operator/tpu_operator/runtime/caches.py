@@ -238,19 +238,19 @@ class Caches:
         """How many cached pods of ``attempt`` in the gang (a job, or a standalone slice:
         its pods' job name) are neither ready nor finished, from the pod store's counts;
         None when the pods are a plain mapping (unit tests' indexes)."""
-        counts = getattr(self._pods, "counts", None)
-        if counts is None:
-            return None
-        return cast(Mapping[int, int], counts(("unready", namespace, gang))).get(attempt, 0)
+        return self._unready(("unready", namespace, gang), attempt)
 
     def unready_in_slice(self, namespace: str, slice_name: str, attempt: int) -> int | None:
         """How many cached pods of ``attempt`` in a job's slice are neither ready nor
         finished (``unready_pods`` for one slice of a job); None when the pods are a plain
         mapping (unit tests' indexes)."""
+        return self._unready(("unready-slice", namespace, slice_name), attempt)
+
+    def _unready(self, group: tuple[str, str, str], attempt: int) -> int | None:
+        """The pod store's count of ``attempt`` in an unready group (``pod_tally``)."""
         counts = getattr(self._pods, "counts", None)
         if counts is None:
             return None
-        group = ("unready-slice", namespace, slice_name)
         return cast(Mapping[int, int], counts(group)).get(attempt, 0)
 
     def pods_version(self, namespace: str, slice_name: str) -> int | None:
