@@ -166,6 +166,8 @@ async def slice_changed(
     key = _key(namespace, name)
     if runtime.asks("slices", key, type, body):
         runtime.slices.add(key)
+    if type == "DELETED":
+        runtime.slice_gone(body)
     job = slice_job_name(body)
     if job and runtime.slice_news(key, type, body):
         runtime.jobs.add(_key(namespace, job))

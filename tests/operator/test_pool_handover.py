@@ -833,3 +833,72 @@ def test_operator_killed_after_suspend_still_waits_for_the_pods(
     watcher.assert_clean(min_handovers=1)
     assert_waited_for(log, "waiter", pool, "paused")
     assert_reported_stopping(log, contract.JOB_KIND, "paused", "Suspended")
+
+
+# (f) a batch of jobs competing for the same pools, all deleted at once ---------------------
+
+BATCH_ROUNDS = 2
+BATCH_JOBS = 6
+BATCH_POOLS = 2
+BATCH_STOP_SECONDS = 8
+"""The holders' workers stop this slowly: the waiters are deleted well before the pools
+are free, so none of them may ever get one."""
+
+
+def test_batch_deleted_at_once_never_shares_a_pool_and_creates_nothing(
+    tpu, namespace, running_operator, tpu_pools
+):
+    """Jobs that compete for the same pools (some hold one, the others wait), all deleted
+    with one ``kubectl delete tpujobs --all``: the holders' pods hold their pools until
+    they are gone, and the jobs that were waiting, being deleted, start nothing."""
+    for round_ in range(BATCH_ROUNDS):
+        delete_batch(
+            tpu,
+            namespace,
+            tpu_pools(BATCH_POOLS),
+            [f"batch{round_}-{i}" for i in range(BATCH_JOBS)],
+            f"round {round_}",
+        )
+
+
+def delete_batch(tpu: Api, namespace: str, pools: list[str], names: list[str], round_: str) -> None:
+    with PoolWatcher(tpu, namespace) as watcher, StatusLog(tpu, namespace) as log:
+        for name in names:
+            tpu.apply(slow_job(name, namespace, stop=BATCH_STOP_SECONDS))
+
+        def holders() -> list[str] | None:
+            running = [n for n in names if phase_of(tpu, namespace, n) == "Running"]
+            return running if len(running) == len(pools) else None
+
+        running = wait_until(
+            holders,
+            timeout=90,
+            message=lambda: (
+                f"{len(pools)} of the jobs to run: "
+                f"{ {n: phase_of(tpu, namespace, n) for n in names} }"
+            ),
+        )
+        waiters = [n for n in names if n not in running]
+        for name in waiters:
+            wait_waiting(log, name)
+        tpu.cluster.kubectl("delete", "tpujobs", "--all", "-n", namespace, "--wait=false")
+        wait_until(  # every pod of the batch is gone (the holders' stop slowly)
+            lambda: not any(watcher.owners_on(p) for p in pools),
+            timeout=120,
+            message=lambda: (
+                f"the batch's pods to be gone: { {p: watcher.owners_on(p) for p in pools} }"
+            ),
+        )
+    for pool in pools:  # the next round competes for pools of its own
+        tpu.cluster.agent.remove_pool(pool)
+    context = f"{round_}; holders {running}, waiters {waiters}"
+    watcher.assert_clean(min_handovers=0, context=context)
+    started = [
+        line
+        for line in watcher.timeline
+        if " ADDED " in line and any(f"({contract.JOB_KIND} {n}," in line for n in waiters)
+    ]
+    assert not started, (
+        f"jobs deleted while they waited for a pool created pods ({context}):\n"
+        + "\n".join(started)
+    )

@@ -151,6 +151,9 @@ class FakeCluster:
         self._uid = itertools.count(1)
         self.conflict_next_status_write: set[str] = set()
         """Names whose next status write fails with 409 (a concurrent writer)."""
+        self.lagging: dict[str, dict[str, Any] | None] = {}
+        """Objects whose watch trails the API: path -> what the caches show instead (None:
+        not there yet), until the test removes the entry (``lag``)."""
         self.recorded = Recorded()
         self.tombstones_seen: list[str] = []
         self.caches = Caches(pods={}, slices={}, jobs={}, nodes={})
@@ -254,18 +257,30 @@ class FakeCluster:
                 continue
             obj["metadata"].setdefault("deletionTimestamp", stamp(self.now))
 
-    def _remove(self, path: str) -> None:
+    def _remove(self, path: str, collect: bool = True) -> None:
         obj = self.objects.pop(path)
         if "/pods/" in path:
             view = pod_view(obj)
             if view is not None:
                 self.caches.tombstones.record(view)
-        if f"/{contract.JOB_PLURAL}/" in path:  # owner-reference garbage collection
-            uid = obj["metadata"]["uid"]
-            for key, child in list(self.objects.items()):
-                refs = child["metadata"].get("ownerReferences") or []
-                if any(r.get("uid") == uid for r in refs):
-                    self.objects.pop(key)
+        if f"/{contract.JOB_PLURAL}/" in path and collect:
+            self.collect_garbage()
+
+    def collect_garbage(self) -> None:
+        """The garbage collector: objects whose owner references all name objects that no
+        longer exist are deleted (pods at once, as if their kubelet confirmed)."""
+        while True:
+            uids = {o["metadata"].get("uid") for o in self.objects.values()}
+            orphans = [
+                key
+                for key, child in self.objects.items()
+                if (refs := child["metadata"].get("ownerReferences"))
+                and not any(r.get("uid") in uids for r in refs)
+            ]
+            if not orphans:
+                return
+            for key in orphans:
+                self._remove(key)
 
     # request accounting
     def status_writes(self, plural: str = contract.JOB_PLURAL) -> tuple[int, int]:
@@ -344,12 +359,10 @@ class FakeCluster:
         job["metadata"]["generation"] += 1
         job["metadata"]["resourceVersion"] = str(next(self._rv))
 
-    def delete_job(self, name: str) -> None:
-        self._remove(
-            namespaced(
-                NS, contract.JOB_PLURAL, name, group=contract.GROUP, version=contract.VERSION
-            )
-        )
+    def delete_job(self, name: str, collect: bool = True) -> None:
+        """Delete a TPUJob; its slices and their pods go with it unless ``collect`` is
+        False (the garbage collector has not got to them yet: ``collect_garbage``)."""
+        self._remove(self.job_path(name), collect)
 
     def pods(self, owner: str | None = None) -> dict[str, dict[str, Any]]:
         """Worker pods by name (of one job or standalone slice, if ``owner`` is given)."""
@@ -466,13 +479,40 @@ class FakeCluster:
         self.now += dt.timedelta(seconds=seconds)
         self.monotonic += seconds
 
+    def lag(self, path: str) -> None:
+        """From now on the caches show the object at ``path`` as it is now (or, if it does
+        not exist, not at all) until ``self.lagging.pop(path)``: its watch trails."""
+        obj = self.objects.get(path)
+        self.lagging[path] = copy.deepcopy(obj) if obj is not None else None
+
+    def job_path(self, name: str) -> str:
+        return namespaced(
+            NS, contract.JOB_PLURAL, name, group=contract.GROUP, version=contract.VERSION
+        )
+
+    def slice_path(self, name: str) -> str:
+        return namespaced(
+            NS, contract.SLICE_PLURAL, name, group=contract.GROUP, version=contract.VERSION
+        )
+
+    def _cached_objects(self) -> dict[str, dict[str, Any]]:
+        """The objects as the watch caches show them (``lagging`` ones as they were)."""
+        shown = dict(self.objects)
+        for path, then in self.lagging.items():
+            if then is None:
+                shown.pop(path, None)
+            else:
+                shown[path] = then
+        return shown
+
     def _index(self) -> None:
-        """Rebuild the watch caches from the stored objects (watches in sync)."""
+        """Rebuild the watch caches from the stored objects (watches in sync, but for the
+        ``lagging`` ones)."""
         indexes: dict[str, defaultdict[Any, list[Any]]] = {
             kind: defaultdict(list) for kind in ("slices", "jobs", "nodes")
         }
         pods = PODS.store()
-        for key, obj in self.objects.items():
+        for key, obj in self._cached_objects().items():
             if key.startswith("/api/v1/nodes/"):
                 node = node_view(obj)
                 kind, keys = "nodes", node_keys(node)
@@ -480,6 +520,7 @@ class FakeCluster:
                 view = pod_view(obj)
                 if view is not None:  # the operator's own pod store, with its counts
                     pods.put(identity_of(obj), view)
+                    self.ctx.pods_in_flight.seen(view)  # as the pod event handler does
                 continue
             elif f"/{contract.SLICE_PLURAL}/" in key:
                 meta = obj["metadata"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.fakeapi import FakeCluster
+from tests.unit.fakeapi import NS, FakeCluster
 from tpu_operator import catalog
 from tpu_operator.api.status import Phase
 from tpu_operator.placement.pools import Request, allocate
@@ -193,3 +193,116 @@ def test_a_standalone_slices_records(owned: bool, status: dict[str, Any], record
     if owned:
         body["metadata"]["ownerReferences"] = [{"kind": "TPUJob", "name": "j", "controller": True}]
     assert slice_pool_records(body) == records
+
+
+@pytest.mark.parametrize(
+    ("spec", "records"),
+    [
+        ({"nodePool": "p1"}, {"p1": "TPUJob ml/j"}),
+        ({"nodePool": "p1", "suspend": False}, {"p1": "TPUJob ml/j"}),
+        ({"nodePool": "p1", "suspend": True}, {}),  # its pods hold it while they exist
+        ({"nodePool": ""}, {}),
+        ({}, {}),
+    ],
+)
+def test_a_jobs_slice_holds_its_pool_for_its_job_until_suspended(
+    spec: dict[str, Any], records: dict[str, str]
+):
+    body: dict[str, Any] = {
+        "metadata": {
+            "namespace": "ml",
+            "name": "j-0",
+            "ownerReferences": [{"kind": "TPUJob", "name": "j", "uid": "u", "controller": True}],
+        },
+        "spec": spec,
+        "status": {"phase": "Failed"},  # what the slice reports does not matter
+    }
+    assert slice_pool_records(body) == records
+
+
+def waiting_on(cluster: FakeCluster, name: str) -> str:
+    status = cluster.job(name).get("status") or {}
+    assert not status.get("nodePools"), f"{name} took a pool: {status}"
+    return str(status.get("message", ""))
+
+
+def test_a_write_that_loses_to_the_jobs_own_unseen_write_keeps_its_pools():
+    """The job watch trails: a job recorded a pool and created its slice, and is reconciled
+    again (woken by its slice's event) before the cache shows its own write. That reconcile
+    decides from the old status, its write gets 409, and the pool it recorded must stay
+    held: another job looking for a pool now must not get it."""
+    cluster = cluster_with_pools("p1")
+    cluster.apply_job("b", job_spec())
+    cluster.apply_job("c", job_spec())
+    cluster.lag(cluster.job_path("b"))  # the cache keeps showing b as it is now
+    cluster.reconcile_job("b")
+    assert cluster.job("b")["status"]["nodePools"] == ["p1"]
+    cluster.clear_requests()
+    cluster.reconcile_job("b")  # from the status before its own write
+    assert cluster.status_writes() == (0, 1)
+    cluster.reconcile_job("c")
+    assert "TPUJob ml/b" in waiting_on(cluster, "c")
+    cluster.lagging.clear()
+    cluster.reconcile_job("c")
+    assert "TPUJob ml/b" in waiting_on(cluster, "c")
+
+
+def test_a_deleted_jobs_slices_hold_its_pool_until_they_and_their_pods_are_gone():
+    """A job deleted while its slice has not created its pods yet: the slice (not yet
+    removed by the garbage collector) creates nothing and holds the pool for the deleted
+    job; once the slice is gone, the pool is free."""
+    cluster = cluster_with_pools("p1")
+    cluster.apply_job("a", job_spec())
+    cluster.reconcile_job("a")  # records p1 and creates its slice
+    cluster.apply_job("c", job_spec())
+    cluster.delete_job("a", collect=False)
+    cluster.reconcile_job("a")  # its deletion's event: it reserves nothing any more
+    cluster.reconcile_slice("a-0")
+    assert cluster.pods() == {}, "a slice of a deleted job created pods"
+    cluster.reconcile_job("c")
+    assert "TPUJob ml/a" in waiting_on(cluster, "c")
+    cluster.collect_garbage()
+    cluster.reconcile_job("c")
+    assert cluster.job("c")["status"]["nodePools"] == ["p1"]
+
+
+def test_a_slice_of_another_job_of_the_same_name_does_nothing():
+    """Owner references are compared by UID: a job deleted and created again under the same
+    name does not take over the old job's slice (the garbage collector removes it)."""
+    cluster = cluster_with_pools("p1", "p2")
+    cluster.apply_job("a", job_spec())
+    cluster.reconcile_job("a")
+    cluster.delete_job("a", collect=False)
+    cluster.apply_job("a", job_spec())
+    cluster.reconcile_slice("a-0")
+    assert cluster.pods() == {}
+
+
+def test_pods_created_but_not_yet_cached_hold_their_pool_after_their_slice_is_gone():
+    """The pod watch trails the slice watch: a slice created its pods, then its job and
+    the slice were deleted, and the cache shows the slice gone before it shows the pods.
+    The pods in flight hold the pool for the deleted job until the cache shows them (and
+    then until they are gone)."""
+    cluster = cluster_with_pools("p1")
+    cluster.apply_job("a", job_spec())
+    cluster.reconcile_job("a")
+    cluster.reconcile_slice("a-0")
+    created = sorted(cluster.pods())
+    assert len(created) == 2
+    for name in created:
+        cluster.lag(f"/api/v1/namespaces/{NS}/pods/{name}")
+    for name in created:  # the cache had not shown them before either
+        cluster.lagging[f"/api/v1/namespaces/{NS}/pods/{name}"] = None
+    cluster.delete_job("a", collect=False)
+    cluster.reconcile_job("a")
+    slice_path = cluster.slice_path("a-0")
+    cluster.objects.pop(slice_path)  # the garbage collector removed the slice, not its pods
+    cluster.apply_job("c", job_spec())
+    cluster.reconcile_job("c")
+    assert "TPUJob ml/a (2 of its pods are being created on it)" in waiting_on(cluster, "c")
+    cluster.lagging.clear()  # the pods show: they hold it as long as they exist
+    cluster.reconcile_job("c")
+    assert "TPUJob ml/a (2 of its pods are on it" in waiting_on(cluster, "c")
+    cluster.collect_garbage()
+    cluster.reconcile_job("c")
+    assert cluster.job("c")["status"]["nodePools"] == ["p1"]

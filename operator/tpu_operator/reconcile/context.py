@@ -13,7 +13,7 @@ from tpu_operator import contract
 from tpu_operator.api.status import Reason
 from tpu_operator.reconcile.conditions import now as utc_now
 from tpu_operator.reconcile.conditions import set_condition, stamp
-from tpu_operator.reconcile.expectations import CreatedPods, DeletedPods
+from tpu_operator.reconcile.expectations import CreatedPods, DeletedPods, PodsInFlight
 from tpu_operator.reconcile.pacing import StatusPacer
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime.caches import Caches
@@ -59,8 +59,11 @@ class Reservations:
     """Node pools promised to a holder but maybe not yet visible in the caches.
 
     A reservation is made before the holder's status write (so two jobs reconciled at the
-    same time cannot pick the same pool) and dropped once the caches show the holder's
-    own record of it, or the holder releases it.
+    same time cannot pick the same pool). The holder's next successful write replaces its
+    reservations with the pools that write recorded (``hold``), or drops them when it
+    holds none any more (``release``, also when the holder is gone). A write that fails
+    keeps them: it may have lost to the holder's own earlier write of the same pools, one
+    the caches do not show yet, and nothing else would hold those pools until they do.
     """
 
     by_pool: dict[str, str] = field(default_factory=dict)
@@ -68,6 +71,11 @@ class Reservations:
     def reserve(self, holder: str, pools: list[str]) -> None:
         for pool in pools:
             self.by_pool[pool] = holder
+
+    def hold(self, holder: str, pools: list[str]) -> None:
+        """The holder's committed status records ``pools``: its reservations become those."""
+        self.release(holder)
+        self.reserve(holder, pools)
 
     def release(self, holder: str) -> None:
         for pool in [p for p, h in self.by_pool.items() if h == holder]:
@@ -95,6 +103,8 @@ class Context:
     pacer: StatusPacer = field(default_factory=StatusPacer)
     created_pods: CreatedPods = field(default_factory=CreatedPods)
     deleted_pods: DeletedPods = field(default_factory=DeletedPods)
+    pods_in_flight: PodsInFlight = field(default_factory=PodsInFlight)
+    """Pods created on a node pool that the pod cache does not show yet (they hold it)."""
     supervisors: Supervisors | None = None
     """The control channel to the workers' supervisors (None: every restart recreates
     the pods)."""

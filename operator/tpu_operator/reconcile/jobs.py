@@ -288,9 +288,9 @@ class JobRun:
             await self.queueing.load_flavors()  # a new admission's ResourceFlavors
         self.decide()
         if not await self._commit():
-            if self.act is Act.RUN and self.status.phase == Phase.PENDING:
-                # Pools chosen by this reconcile were never recorded.
-                self.ctx.reservations.release(self.holder)
+            # What this reconcile reserved stays reserved until the job's next write: the
+            # write may have lost to the job's own earlier one, which recorded pools the
+            # cache does not show yet (context.Reservations).
             return RETRY_AFTER_CONFLICT
         if self.status.phase in TERMINAL_PHASES or self.status.phase in (
             Phase.SUSPENDED,
@@ -298,6 +298,8 @@ class JobRun:
         ):
             # The pods hold the pools from now on, until they are gone (reconcile/pools.py).
             self.ctx.reservations.release(self.holder)
+        else:
+            self.ctx.reservations.hold(self.holder, list(self.status.node_pools or []))
         await self._act()
         if self.queueing is not None:
             await self.queueing.act(stamp(self.now))

@@ -8,11 +8,18 @@ A pool is held, for anyone but its holder, while any of these says so:
    holder keeps its pools until its pods are really gone, exactly as a job's next attempt
    waits for the pods of the previous one. It is read from the pod cache (an index by
    pool), so it survives operator restarts;
-2. the holder's own record: an active TPUJob's ``status.nodePools`` or an active
-   standalone TPUSlice's ``status.nodePool`` (covers the time between the choice and the
-   pods' creation);
-3. an in-memory reservation, made before that record is written, so that two objects
-   reconciled at the same time cannot choose the same pool.
+2. the holder's own records: an active TPUJob's ``status.nodePools``, each of its
+   TPUSlices that exists and is not suspended (``spec.nodePool``: a job deleted or
+   restarted keeps its pools through its slices until the garbage collector or the job
+   removes them, and its pods hold them after that), and an active standalone TPUSlice's
+   ``status.nodePool`` (covers the time between the choice and the pods' creation);
+3. the pods the operator created on it that its pod cache does not show yet
+   (``expectations.PodsInFlight``): the pod watch trails the slice and job watches, so a
+   slice deleted right after it created its pods is not taken for a free pool;
+4. an in-memory reservation, made before the holder's record is written and kept until
+   the holder's next successful status write, so that two objects reconciled at the same
+   time cannot choose the same pool, and a write that lost to the holder's own earlier one
+   (the cache not showing it yet) does not let go of the pools that one recorded.
 
 A claim reference (``auto:<value>``, a pool GKE is to create for one slice) is held like a
 pool, and once GKE created that pool (its nodes carry the slice-pool label ``<value>``)
@@ -78,14 +85,23 @@ def job_pool_records(body: Mapping[str, Any]) -> dict[str, str]:
 
 
 def slice_pool_records(body: Mapping[str, Any]) -> dict[str, str]:
-    """Rule 2 for a standalone TPUSlice (a job's slices are recorded by their job)."""
+    """Rule 2 for a TPUSlice. A job's slice holds the pool its spec pins for its job while
+    it exists and is not suspended, whatever its job's state: a job that is deleted keeps
+    its slices until the garbage collector removes them, and they may have pods in flight.
+    A standalone slice holds the pool its status records while it is active."""
     meta, status = body.get("metadata") or {}, body.get("status") or {}
+    namespace = meta.get("namespace", "")
+    job = slice_job_name(body)
+    if job is not None:
+        spec = body.get("spec") or {}
+        pool = spec.get("nodePool")
+        if spec.get("suspend") or not isinstance(pool, str) or not pool:
+            return {}
+        return {pool: job_holder(namespace, job)}
     pool = status.get("nodePool")
-    if slice_job_name(body) is not None or not isinstance(pool, str) or not pool:
+    if not isinstance(pool, str) or not pool or status.get("phase") in TERMINAL_PHASES:
         return {}
-    if status.get("phase") in TERMINAL_PHASES:
-        return {}
-    return {pool: slice_holder(meta.get("namespace", ""), meta.get("name", ""))}
+    return {pool: slice_holder(namespace, meta.get("name", ""))}
 
 
 def pod_holder(pod: PodView) -> str:
@@ -119,9 +135,9 @@ class HeldPools(Mapping[str, str]):
     (reading every job and slice on each allocation made a burst of N jobs cost N times
     the cluster's jobs); reservations (rule 3) are a mapping by pool already.
 
-    The rules' order decides which holder is named: the pods on a pool, then the records
-    and reservations naming it, then (for a pool GKE created for a claim) the claim's
-    holder, found by the same rules.
+    The rules' order decides which holder is named: the pods on a pool, then the records,
+    the pods in flight and the reservations naming it, then (for a pool GKE created for a
+    claim) the claim's holder, found by the same rules.
     """
 
     def __init__(self, ctx: Context, exclude: str, pools: dict[str, PoolView]) -> None:
@@ -130,11 +146,13 @@ class HeldPools(Mapping[str, str]):
         self._claims = {p.name: p.slice_pool for p in pools.values() if p.slice_pool}
         """Pool -> the slice-pool value GKE created it for."""
         self._reservations = ctx.reservations.by_pool
+        self._in_flight = ctx.pods_in_flight
         self._found: dict[str, str | None] = {}
 
     def _direct(self, pool: str) -> str | None:
-        """Rules 1-3 for ``pool`` itself (a pool name or a claim reference)."""
-        on_pool = [p for p in self._caches.pods_in_pool(pool) if not p.terminal]
+        """Rules 1-4 for ``pool`` itself (a pool name or a claim reference)."""
+        cached = self._caches.pods_in_pool(pool)
+        on_pool = [p for p in cached if not p.terminal]
         by_holder = Counter(pod_holder(p) for p in on_pool)
         by_holder.pop(self._exclude, None)
         if by_holder:
@@ -144,6 +162,11 @@ class HeldPools(Mapping[str, str]):
         for holder in self._caches.pool_records(pool):
             if holder != self._exclude:
                 return holder
+        unseen = self._in_flight.unseen(pool, cached)
+        unseen.pop(self._exclude, None)
+        if unseen:
+            holder, count = unseen.most_common(1)[0]
+            return f"{holder} ({count} of its pods are being created on it)"
         reserved = self._reservations.get(pool)
         return reserved if reserved != self._exclude else None
 

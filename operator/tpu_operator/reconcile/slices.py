@@ -13,6 +13,9 @@ Rules, applied on every reconcile from the watch caches (level-triggered):
    pods and creates none.
 5. A standalone slice restarts itself under its failurePolicy; a job-owned slice only
    reports, and its TPUJob decides.
+6. A job-owned slice whose TPUJob is gone or being deleted (or is another job of the same
+   name: owner references are compared by UID) does nothing: the garbage collector
+   removes it and its pods, and a deleted job starts nothing.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from tpu_operator.reconcile.pools import (
     POOL_RETRY_SECONDS,
     choose_pools,
     claim_toleration_value,
+    job_holder,
     machine_for,
     requests_for,
     resolve_claims,
@@ -58,7 +62,7 @@ from tpu_operator.reconcile.pools import (
     slice_pool_values,
     stopping_count,
 )
-from tpu_operator.runtime.caches import slice_job_name, slice_sharing
+from tpu_operator.runtime.caches import owned_by, slice_job_name, slice_sharing
 from tpu_operator.runtime.kube import ApiError, namespaced, send_all
 from tpu_operator.state.gang import GangState, Member, assess, members_of, nodes_of
 from tpu_operator.state.views import PodView
@@ -128,7 +132,13 @@ class SliceReconciler:
         except (ValidationError, CatalogError) as exc:
             await mark_invalid(self.ctx, body, contract.SLICE_PLURAL, exc)
             return None
-        if slice_job_name(body) is None:
+        job = slice_job_name(body)
+        if job is not None and not owned_by(ctx.caches.job(namespace, job), body):
+            # Its job is gone or being deleted: the garbage collector removes the slice and
+            # its pods. It creates nothing in the meantime (its pool stays held by its
+            # record and its pods: reconcile/pools.py).
+            return None
+        if job is None:
             # A standalone slice decides the machine type of a shape that fits two once.
             recorded = (body.get("status") or {}).get("shape")
             holder = slice_holder(namespace, name)
@@ -379,6 +389,8 @@ class SliceRun:
         path = namespaced(self.namespace, "pods")
         secret = spec.control_key_secret if self.managed else None
         supervised = Supervision(secret) if secret else None
+        in_flight = self.ctx.pods_in_flight
+        holder = job_holder(self.namespace, self.job_name) if self.job_name else self.holder
 
         async def create(member: Member) -> None:
             wiring = PodWiring(
@@ -406,8 +418,15 @@ class SliceRun:
                 log.warning("cannot build pod %s from spec.template: %r", member.name, exc)
                 raise TemplateBuildError(repr(exc)) from None
             started = time.monotonic()
-            if await self.ctx.kube.create(path, pod):
-                self.ctx.metrics.pod_created(time.monotonic() - started)
+            if node_pool:  # it holds the pool from now on (reconcile/pools.py, rule 3)
+                in_flight.created(node_pool, holder, self.namespace, member.name, target)
+            try:
+                if await self.ctx.kube.create(path, pod):
+                    self.ctx.metrics.pod_created(time.monotonic() - started)
+            except ApiError:
+                if node_pool:
+                    in_flight.failed(node_pool, self.namespace, member.name, target)
+                raise
             self.ctx.created_pods.created((self.namespace, self.name), member.name, target)
 
         results = await asyncio.gather(*(create(m) for m in members), return_exceptions=True)

@@ -35,6 +35,7 @@ from tpu_operator.reconcile.pacing import (
     reconcile_spacing,
     shared_interval,
 )
+from tpu_operator.reconcile.pools import slice_pool_records
 from tpu_operator.reconcile.slices import SliceReconciler
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime import collector
@@ -278,6 +279,8 @@ class Runtime:
         slice (it moves the slice's phase)."""
         if type == "DELETED":
             self.caches.tombstones.record(view)  # a standby keeps them too
+        elif view.pool is not None:
+            self.context.pods_in_flight.seen(view)
         if not self.acting:
             return
         # The last pod of its attempt in its job went (a pod still cached never is).
@@ -490,6 +493,13 @@ class Runtime:
             self.jobs.add((job["metadata"]["namespace"], job["metadata"]["name"]))
         for body in list(self.caches.all_slices()):
             self.slices.add((body["metadata"]["namespace"], body["metadata"]["name"]))
+
+    def slice_gone(self, body: Any) -> None:
+        """A TPUSlice was deleted: a pool its record held and no pod is on frees with it
+        (its pods, if any, wake the waiters when the last one goes: ``pod_event``)."""
+        pools = slice_pool_records(body)
+        if any(not any(p.active for p in self.caches.pods_in_pool(pool)) for pool in pools):
+            self.wake_waiting()
 
     def wake_waiting(self) -> None:
         """Node changes and pods leaving a pool may free or add pools: look again at the

@@ -332,10 +332,32 @@ class Caches:
 
 def slice_job_name(body: Mapping[str, Any]) -> str | None:
     """The TPUJob that owns a TPUSlice (from its controller owner reference), if any."""
+    owner = slice_job(body)
+    return owner[0] if owner is not None else None
+
+
+def slice_job(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Name and UID of the TPUJob that owns a TPUSlice (its controller owner reference)."""
     for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
         if ref.get("kind") == contract.JOB_KIND and ref.get("controller"):
-            return ref.get("name")
+            return ref.get("name"), str(ref.get("uid", ""))
     return None
+
+
+def owned_by(job: Mapping[str, Any] | None, slice_body: Mapping[str, Any]) -> bool:
+    """Whether ``job`` (a cached TPUJob) exists, is not being deleted and is the TPUJob the
+    slice's controller owner reference names, by UID (a job deleted and created again
+    under the same name is another job)."""
+    if job is None:
+        return False
+    meta = job.get("metadata") or {}
+    owner = slice_job(slice_body)
+    return (
+        owner is not None
+        and not meta.get("deletionTimestamp")
+        and owner[0] == meta.get("name")
+        and owner[1] == meta.get("uid")
+    )
 
 
 def slice_sharing(body: Mapping[str, Any]) -> int:
