@@ -902,3 +902,60 @@ def delete_batch(tpu: Api, namespace: str, pools: list[str], names: list[str], r
         f"jobs deleted while they waited for a pool created pods ({context}):\n"
         + "\n".join(started)
     )
+
+
+# (g) a resumed job into a pool whose nodes cannot take its pods yet ------------------------
+
+
+def test_a_resumed_job_is_starting_until_its_new_pods_run(
+    tpu, namespace, running_operator, tpu_pools
+):
+    """Each attempt has its own runningSince: resumed into a pool whose nodes are cordoned,
+    the job stays Starting and says why its pods wait, and is Running only once the new
+    attempt's pods run; its goodput books the suspension as ``suspended``."""
+    (pool,) = tpu_pools(1)
+    cluster = tpu.cluster
+    with StatusLog(tpu, namespace) as log:
+        tpu.apply(slow_job("resumed", namespace, stop=0.5))
+        first = wait_running_on(tpu, namespace, "resumed", pool)
+        tpu.patch_job(namespace, "resumed", {"spec": {"suspend": True}})
+        wait_until(
+            lambda: tpu.status(namespace, "resumed").get("message") == "suspended",
+            timeout=60,
+            message=lambda: f"its pods to be gone: {tpu.status(namespace, 'resumed')}",
+        )
+        nodes = cluster.kubectl(
+            "get", "nodes", "-l", f"{contract.NODE_LABEL_NODEPOOL}={pool}", "-o", "name"
+        ).stdout.split()
+        assert len(nodes) == 2, nodes
+        for node in nodes:
+            cluster.kubectl("cordon", node)
+        resumed_at = log.now()
+        tpu.patch_job(namespace, "resumed", {"spec": {"suspend": False}})
+        waiting = wait_until(
+            lambda: (
+                (s := tpu.status(namespace, "resumed")).get("attempt") == 2
+                and "cannot be scheduled" in s.get("message", "")
+                and s
+            ),
+            timeout=60,
+            message=lambda: (
+                f"the resumed job to say why its pods wait: {tpu.status(namespace, 'resumed')}"
+            ),
+        )
+        assert waiting["phase"] == "Starting", waiting
+        assert "runningSince" not in waiting, waiting
+        assert "unschedulable" in waiting["message"], waiting["message"]
+        scheduled = next(c for c in waiting["conditions"] if c["type"] == "PodsScheduled")
+        assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")
+        time.sleep(3)  # the job has had time to claim anything it wrongly would
+        for node in nodes:
+            cluster.kubectl("uncordon", node)
+        uncordoned_at = log.now()
+        second = wait_running_on(tpu, namespace, "resumed", pool)
+    assert second["attempt"] == 2
+    assert second["runningSince"] > first["runningSince"]
+    assert second["goodput"]["badputSeconds"]["suspended"] > 0
+    after_resume = [s for s in log.of(contract.JOB_KIND, "resumed") if s.at >= resumed_at]
+    early = [s for s in after_resume if s.phase == "Running" and s.at < uncordoned_at]
+    assert not early, f"Running before any pod of the resumed attempt could run: {early}"

@@ -223,3 +223,55 @@ def test_timestamps_round_trip_at_second_precision_in_utc():
     assert timestamps.stamp_epoch(T0.timestamp() + 1.9) == "2026-01-01T00:00:01Z"
     assert (conditions.stamp, conditions.parse) == (timestamps.stamp, timestamps.parse)
     assert report.stamp_epoch is timestamps.stamp_epoch
+
+
+def test_a_suspension_closes_the_attempt_and_is_booked_as_suspended():
+    status = TPUJobStatus(running_since="2026-01-01T00:00:10Z")
+    status.goodput = None
+    track = track_with(20.0, {"step": 60.0, "init": 5.0}, at_s=90.0)
+    account(status, 100, track).suspend(4)
+    assert status.running_since is None
+    assert status.progress is not None and status.progress.step == 20
+    carried = status.goodput.finished_attempts if status.goodput else {}
+    assert carried["step"] == 60.0 and carried["suspendedAt"] == at(100).timestamp()
+    assert account(status, 130).waiting() == (at(100).timestamp(), "suspended")
+    account(status, 130).suspend(4)  # every reconcile of the suspended job: no change
+    assert status.goodput is not None
+    assert status.goodput.finished_attempts["suspendedAt"] == at(100).timestamp()
+    account(status, 150).resume()
+    assert status.goodput.badput_seconds["suspended"] == 50.0
+    assert account(status, 160).waiting() == (at(150).timestamp(), "scheduling")
+    account(status, 170).began_running(first_attempt=False)
+    assert status.running_since == "2026-01-01T00:02:50Z"
+    badput = status.goodput.badput_seconds
+    assert (badput["suspended"], badput["scheduling"], badput["restartDowntime"]) == (
+        50.0,
+        20.0,
+        0.0,
+    )
+    assert status.goodput.productive_seconds == 60.0
+
+
+def test_a_restart_downtime_cut_by_a_suspension_is_booked_up_to_it_and_not_across():
+    status = TPUJobStatus(restarts=1)
+    status.last_failure = Failure(attempt=1, reason="Failed", time="2026-01-01T00:01:00Z")
+    account(status, 80).suspend(4)  # 20 s after the failure, before attempt 2 ran
+    account(status, 200).resume()
+    account(status, 210).began_running(first_attempt=False)
+    assert status.goodput is not None
+    badput = status.goodput.badput_seconds
+    assert (badput["restartDowntime"], badput["suspended"], badput["scheduling"]) == (
+        20.0,
+        120.0,
+        10.0,
+    )
+
+
+def test_a_job_created_suspended_books_its_suspension_not_scheduling():
+    status = TPUJobStatus()
+    account(status, 0).suspend(4)
+    account(status, 300).resume()
+    account(status, 305).began_running(first_attempt=True)
+    assert status.goodput is not None
+    badput = status.goodput.badput_seconds
+    assert (badput["suspended"], badput["scheduling"]) == (300.0, 5.0)

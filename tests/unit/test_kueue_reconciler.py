@@ -187,6 +187,13 @@ def test_eviction_stops_the_pods_then_gives_the_quota_back_and_resumes_as_a_new_
     assert status["queue"]["admissions"] == 2
     assert condition(cluster, "Evicted")["status"] == "False"
     assert len(cluster.pods("j")) == 1
+    # The re-admitted attempt has not run yet: it is not Running, and PodsReady is False.
+    assert (status["phase"], status.get("runningSince")) == ("Starting", None)
+    pods_ready = [c for c in cluster.workload()["status"]["conditions"] if c["type"] == "PodsReady"]
+    assert pods_ready and pods_ready[0]["status"] == "False"
+    cluster.run_pods("j")
+    cluster.settle()
+    assert phase(cluster) == "Running"
 
 
 def test_a_finished_job_marks_its_workload_finished():

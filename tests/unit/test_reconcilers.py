@@ -454,6 +454,48 @@ def test_suspend_and_resume():
     assert phase(cluster, "j") == "Running"
 
 
+def test_a_resumed_job_follows_its_new_pods_and_books_its_suspension():
+    """Each attempt has its own runningSince: a resumed job whose pods are not scheduled
+    yet is Starting (not Running on the strength of the attempt before the suspension),
+    and its goodput books the suspended time as ``suspended``, the wait after the resume
+    as ``scheduling``, and neither as productive."""
+    cluster = FakeCluster()
+    running_job(cluster)
+    assert cluster.job("j")["status"]["runningSince"] == "2026-01-01T00:00:01Z"
+    cluster.advance(100)
+    suspended_at = cluster.now
+    cluster.edit_job("j", {"suspend": True})
+    cluster.settle()
+    cluster.confirm_deletions()
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["phase"], status.get("runningSince")) == ("Suspended", None)
+    cluster.advance(50)
+    resumed_at = cluster.now
+    cluster.edit_job("j", {"suspend": False})
+    cluster.settle()
+    cluster.advance(10)
+    cluster.settle()  # the new pods exist and no node took them yet
+    status = cluster.job("j")["status"]
+    assert status["attempt"] == 2
+    assert (status["phase"], status.get("runningSince")) == ("Starting", None)
+    assert status["message"] == "attempt 2: 0/1 workers ready"
+    suspended = (resumed_at - suspended_at).total_seconds()
+    assert status["goodput"]["badputSeconds"]["suspended"] == suspended
+    ran_at = cluster.now
+    cluster.run_pods("j")
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert status["phase"] == "Running"
+    assert status["runningSince"] == ran_at.strftime("%Y-%m-%dT%H:%M:%SZ")  # its own
+    badput = status["goodput"]["badputSeconds"]
+    assert badput["suspended"] == suspended
+    # 1 s before attempt 1 ran, and from the resume until attempt 2 ran.
+    assert badput["scheduling"] == 1.0 + (ran_at - resumed_at).total_seconds()
+    assert badput["restartDowntime"] == 0.0
+    assert status["goodput"]["productiveSeconds"] == 0.0
+
+
 def test_a_job_created_suspended_creates_nothing():
     cluster = FakeCluster()
     cluster.apply_job("j", job_spec(suspend=True))

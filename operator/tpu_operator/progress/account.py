@@ -11,6 +11,11 @@ updates ``status.progress``, ``status.goodput`` and ``status.runningSince``:
   the apiserver and every watcher), and whenever the carried totals change.
 - ``close_attempt``: the attempt ended (restart, failure, success). Its last progress and
   its seconds per category are carried over into ``goodput.finishedAttempts``.
+- ``suspend`` and ``resume``: the job was suspended (``spec.suspend``, or evicted by
+  Kueue) and later resumed. The attempt that ran is closed; the time until the resume is
+  booked as ``suspended``, and the time from the resume until every worker of the next
+  attempt runs as ``scheduling``, as for the first attempt. Each attempt has its own
+  ``runningSince``.
 
 Figures come from the progress sampler's track of the job (worker 0 of slice 0 is the
 job's clock, see ``report``); without one (monitoring off, or no sample yet) the account
@@ -30,6 +35,11 @@ from tpu_operator.timestamps import parse, stamp
 
 WAIT_SCHEDULING = "scheduling"
 WAIT_RESTART = "restartDowntime"
+WAIT_SUSPENDED = report.SUSPENDED
+SUSPENDED_AT = "suspendedAt"
+"""Carried while the job is suspended: when it was (epoch seconds)."""
+RESUMED_AT = "resumedAt"
+"""Carried from a resume until the resumed attempt runs: when the job was resumed."""
 
 
 @dataclass
@@ -66,10 +76,15 @@ class Account:
         return since.timestamp() if since else None
 
     def waiting(self) -> tuple[float, str] | None:
-        """An ongoing scheduling wait or restart downtime, not yet carried."""
+        """An ongoing scheduling wait, suspension or restart downtime, not yet carried."""
         status = self.status
+        carried = self.carried()
+        if SUSPENDED_AT in carried:
+            return carried[SUSPENDED_AT], WAIT_SUSPENDED
         if status.running_since is not None:
             return None
+        if RESUMED_AT in carried:
+            return carried[RESUMED_AT], WAIT_SCHEDULING
         if status.restarts == 0:
             return self.created.timestamp(), WAIT_SCHEDULING
         since = self._downtime_since()
@@ -98,6 +113,41 @@ class Account:
         self.status.running_since = None
         self._set_goodput(carried, None, live=False)
 
+    def suspend(self, total_workers: int) -> None:
+        """The job is suspended (or evicted) from now on: the attempt that ran, if any, is
+        closed, and the time until ``resume`` is booked as ``suspended``. Called on every
+        reconcile of a suspended job; only the first one changes anything."""
+        if SUSPENDED_AT in self.carried():
+            return
+        # A wait that was going on (the attempt had not run yet) is booked up to now.
+        ongoing = self.waiting() if self.status.running_since is None else None
+        if self.status.running_since is not None or self.track is not None:
+            self.close_attempt(total_workers)
+        carried = self.carried()
+        now = self.now.timestamp()
+        if ongoing is not None:
+            since, kind = ongoing
+            carried[kind] = carried.get(kind, 0.0) + max(now - since, 0.0)
+            carried[report.ATTEMPT_END] = max(carried.get(report.ATTEMPT_END, 0.0), now)
+        carried.pop(RESUMED_AT, None)  # booked above if the resumed attempt never ran
+        carried[SUSPENDED_AT] = now
+        self.status.running_since = None
+        self._set_goodput(carried, None, live=False)
+
+    def resume(self) -> None:
+        """The suspended job is resumed: its suspension is booked, and the wait for its
+        next attempt's workers to run is scheduling from now on."""
+        carried = self.carried()
+        since = carried.pop(SUSPENDED_AT, None)
+        if since is None:
+            return
+        now = self.now.timestamp()
+        carried[WAIT_SUSPENDED] = carried.get(WAIT_SUSPENDED, 0.0) + max(now - since, 0.0)
+        carried[RESUMED_AT] = now
+        carried[report.ATTEMPT_END] = max(carried.get(report.ATTEMPT_END, 0.0), now)
+        self.status.running_since = None
+        self._set_goodput(carried, None, live=False)
+
     def began_running(self, first_attempt: bool) -> None:
         """Every worker of the attempt runs: book the wait that preceded it."""
         status = self.status
@@ -108,7 +158,12 @@ class Account:
         status.running_since = stamp(ran)
         carried = self.carried()
         since = self._downtime_since()
-        if first_attempt:
+        resumed = carried.pop(RESUMED_AT, None)
+        if resumed is not None:
+            carried[WAIT_SCHEDULING] = carried.get(WAIT_SCHEDULING, 0.0) + max(
+                ran.timestamp() - resumed, 0.0
+            )
+        elif first_attempt:
             carried[WAIT_SCHEDULING] = max((ran - self.created).total_seconds(), 0.0)
         elif since is not None:
             carried[WAIT_RESTART] = carried.get(WAIT_RESTART, 0.0) + max(

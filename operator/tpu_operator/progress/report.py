@@ -10,7 +10,9 @@ attempt's last step minus the step the next attempt resumed from, times the prev
 attempt's mean step time; those seconds are taken out of productive time), restart
 downtime (from a failure until the next attempt's workers all ran), shutdown (from the end
 of training, the worker's end time, until the attempt ended: final metrics served, the
-distributed runtime shut down, the process exited) and other (the rest).
+distributed runtime shut down, the process exited), suspended (from a suspension or a
+Kueue eviction until the job was resumed; the wait for the resumed attempt's workers is
+scheduling again) and other (the rest).
 """
 
 from __future__ import annotations
@@ -29,8 +31,17 @@ PHASES = {
     "checkpoint_restore": "checkpointRestore",
 }
 SHUTDOWN = "shutdown"
+SUSPENDED = "suspended"
 ATTEMPT_END = "attemptEnd"
-CARRIED = ("step", *PHASES.values(), "lostProgress", "scheduling", "restartDowntime", SHUTDOWN)
+CARRIED = (
+    "step",
+    *PHASES.values(),
+    "lostProgress",
+    "scheduling",
+    "restartDowntime",
+    SHUTDOWN,
+    SUSPENDED,
+)
 EARLIEST_FIRST = (
     "initialization",
     "checkpointRestore",
@@ -206,6 +217,7 @@ def goodput(
             "lostProgress",
             "restartDowntime",
             SHUTDOWN,
+            SUSPENDED,
         )
     }
     badput["other"] = round(max(wall - productive - sum(badput.values()), 0.0), 1)

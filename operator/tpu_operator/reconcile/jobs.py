@@ -501,6 +501,7 @@ class JobRun:
         self.act = Act.STOP
         if status.phase != Phase.SUSPENDED:
             self._event("Normal", Reason.SUSPENDED, "suspended: deleting the workers' pods")
+        self.account.suspend(self.total_workers)  # the attempt ends; its clock stops
         status.phase = Phase.SUSPENDED
         status.node_pools = None
         status.restart_at = None
@@ -553,6 +554,10 @@ class JobRun:
             return False
         self.act = Act.STOP
         entering = status.phase != Phase.QUEUED
+        if status.attempt > 0:
+            # Evicted (or queued again after running): the attempt ends, and the time until
+            # Kueue admits the job again is booked as suspended.
+            self.account.suspend(self.total_workers)
         status.phase = Phase.QUEUED
         status.node_pools = None
         status.restart_at = None
@@ -596,6 +601,7 @@ class JobRun:
         # The Suspended condition stays True until the resumed attempt starts (a resumed
         # job may first wait for node pools, in phase Pending).
         resuming = self._condition_is(ConditionType.SUSPENDED, True)
+        self.account.resume()  # a suspended or evicted job: its wait is scheduling again
         creating = ""
         if self.shape.multi_host and not status.node_pools:
             pools = self._queue_pools() or self._allocate()
@@ -611,6 +617,7 @@ class JobRun:
         attempt += 1
         status.attempt = attempt
         status.phase = Phase.PENDING
+        status.running_since = None  # each attempt runs once all of its own workers do
         status.message = f"attempt {attempt}: creating slices{creating}"
         if self.machine_note and not self.shape.multi_host:
             status.message += f"; {self.machine_note}"
