@@ -151,6 +151,9 @@ class FakeCluster:
         self._uid = itertools.count(1)
         self.conflict_next_status_write: set[str] = set()
         """Names whose next status write fails with 409 (a concurrent writer)."""
+        self.refusing: dict[str, ApiError] = {}
+        """Creates of paths containing a key are refused with its error (an admission
+        policy or webhook in the way), until the test removes it."""
         self.lagging: dict[str, dict[str, Any] | None] = {}
         """Objects whose watch trails the API: path -> what the caches show instead (None:
         not there yet), until the test removes the entry (``lag``)."""
@@ -175,6 +178,10 @@ class FakeCluster:
 
     # Kube
     async def create(self, path: str, body: Mapping[str, Any]) -> bool:
+        for fragment, error in self.refusing.items():
+            if fragment in path:
+                self.requests.append(Request("POST", path, error.status))
+                raise error
         obj = copy.deepcopy(dict(body))
         meta = obj.setdefault("metadata", {})
         key = f"{path}/{meta['name']}"

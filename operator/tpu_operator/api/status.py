@@ -113,6 +113,13 @@ class Reason(StrEnum):
     ServiceAccount or PriorityClass, a quota, Pod Security, a ValidatingAdmissionPolicy or
     webhook). Retried until the cause is gone (PodsScheduled False, and the slice's Ready
     condition)."""
+    NO_SCHEDULER = "NoScheduler"
+    """No scheduler has looked at any pod of the attempt for a while: the scheduler their
+    ``schedulerName`` names does not run (or none does). The pods wait for it."""
+    SLICE_CREATION_FAILED = "SliceCreationFailed"
+    """The apiserver refuses the job's TPUSlices (an admission policy or webhook, a
+    quota on TPUSlices): retried until the cause is gone. A TPUSlice it rejects as
+    invalid fails the job with InvalidSpec and the apiserver's message."""
     POD_CREATION_FAILED = "PodCreationFailed"
     """Creating the worker pods failed for another reason the apiserver gave (an
     unavailable admission webhook, throttling); retried like PodsForbidden."""

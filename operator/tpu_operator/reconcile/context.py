@@ -82,6 +82,18 @@ class Reservations:
             del self.by_pool[pool]
 
 
+@dataclass(frozen=True)
+class SliceRefusal:
+    """The apiserver's refusal of a job's TPUSlice write."""
+
+    uid: str
+    """The job's UID (a job of the same name created later is another job)."""
+    invalid: bool
+    """Rejected as invalid (400/422): the spec makes a slice the API cannot take, and the
+    job fails; otherwise (an admission policy, a quota) the write is retried."""
+    message: str
+
+
 @dataclass
 class Context:
     kube: Kube
@@ -103,6 +115,9 @@ class Context:
     pacer: StatusPacer = field(default_factory=StatusPacer)
     created_pods: CreatedPods = field(default_factory=CreatedPods)
     deleted_pods: DeletedPods = field(default_factory=DeletedPods)
+    refused_slices: dict[tuple[str, str], SliceRefusal] = field(default_factory=dict)
+    """Jobs whose TPUSlices the apiserver refused at their last write, by (namespace,
+    name): what it said, for the job's next status (the write follows the commit)."""
     pods_in_flight: PodsInFlight = field(default_factory=PodsInFlight)
     """Pods created on a node pool that the pod cache does not show yet (they hold it)."""
     supervisors: Supervisors | None = None

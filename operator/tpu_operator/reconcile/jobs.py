@@ -54,6 +54,7 @@ from tpu_operator.reconcile.conditions import parse, set_condition, stamp
 from tpu_operator.reconcile.context import (
     RETRY_AFTER_CONFLICT,
     Context,
+    SliceRefusal,
     job_ref,
     mark_invalid,
     write_status,
@@ -82,6 +83,7 @@ from tpu_operator.state.gang import (
     assess,
     members_of,
     nodes_of,
+    scheduler_wait,
 )
 from tpu_operator.state.views import PodView
 
@@ -96,6 +98,9 @@ CAUSE_SETTLE_SECONDS = 3.0
 """How long an echo failure (exit 75/134: a peer died) waits for the peer's own report."""
 MAX_NOTICES = 32
 """Disruption notices remembered in status (each asks for one checkpoint)."""
+SLICE_RETRY_SECONDS = 30.0
+"""Retry after the apiserver refused the job's TPUSlices (an admission policy, a quota):
+the cause is outside the operator and may be lifted at any time."""
 IN_PLACE_RECHECK_SECONDS = 1.0
 """Safety net while an in-place restart runs (pod events wake the job too)."""
 
@@ -131,6 +136,7 @@ class JobReconciler:
             self.gangs.forget(namespace, name)
             if body is None:
                 self.ctx.reservations.release(job_holder(namespace, name))
+                self.ctx.refused_slices.pop(key, None)
             return None
         try:
             spec = TPUJobSpec.model_validate(body.get("spec") or {})
@@ -342,6 +348,12 @@ class JobRun:
             # Not started, resumed, or resumed and still waiting for node pools: a
             # multi-host attempt never runs without its pools recorded.
             self._start(attempt)
+        elif (refused := self._slice_refusal()) is not None and refused.invalid:
+            message = (
+                f"the apiserver rejected the job's TPUSlice: {refused.message}; fix the spec "
+                "(the job cannot run with it)"
+            )
+            self._fail(Reason.INVALID_SPEC, message, None)
         else:
             self.act = Act.RUN
             self._resolve_claims()
@@ -853,6 +865,30 @@ class JobRun:
                     return Reason(condition["reason"]), str(condition.get("message", ""))
         return None
 
+    def _slice_refusal(self) -> SliceRefusal | None:
+        """What the apiserver said when it last refused this job's TPUSlices."""
+        refusal = self.ctx.refused_slices.get((self.namespace, self.name))
+        return (
+            refusal if refusal is not None and refusal.uid == self.body["metadata"]["uid"] else None
+        )
+
+    def _refused_slices(self) -> tuple[Reason, str] | None:
+        """Why the job's TPUSlices cannot be written (retried until the cause is gone)."""
+        refusal = self._slice_refusal()
+        if refusal is None:
+            return None
+        return Reason.SLICE_CREATION_FAILED, (
+            f"the apiserver refuses the job's TPUSlices, retrying every "
+            f"{SLICE_RETRY_SECONDS:.0f} s until the cause is gone: {refusal.message}"
+        )
+
+    def _no_scheduler(self, state: GangState) -> tuple[Reason, str] | None:
+        """Pods no scheduler has looked at for a while (``state/gang.scheduler_wait``)."""
+        message, recheck = scheduler_wait(state.unseen, self.now)
+        if recheck is not None:
+            self._after(recheck)
+        return (Reason.NO_SCHEDULER, message) if message else None
+
     def _deadline_exceeded(self) -> bool:
         deadline = self.spec.active_deadline_seconds
         started = parse(self.status.start_time)
@@ -1086,7 +1122,11 @@ class JobRun:
             if not self._condition_is(ConditionType.PODS_SCHEDULED, False):
                 self._event("Warning", Reason.UNSCHEDULABLE, message)
             self._condition(ConditionType.PODS_SCHEDULED, False, Reason.UNSCHEDULABLE, message)
-        elif refused := self._refused_pods(attempt, state):
+        elif refused := (
+            self._refused_pods(attempt, state)
+            or self._refused_slices()
+            or self._no_scheduler(state)
+        ):
             reason, message = refused
             status.message = f"attempt {attempt}: {message}"
             if not any(
@@ -1272,7 +1312,21 @@ class JobRun:
             if patch:
                 path = _slices_path(self.namespace, desired["metadata"]["name"])
                 writes.append(self.ctx.kube.merge_patch(path, patch))
-        await send_all(writes)
+        key = (self.namespace, self.name)
+        try:
+            await send_all(writes)
+        except ApiError as exc:
+            if exc.status == 429 or exc.status >= 500 or exc.not_found:
+                raise  # the apiserver's own trouble, or a slice just deleted: back off
+            # Its next status says why (the status was committed before this act).
+            invalid = exc.invalid and " is forbidden: " not in exc.message
+            self.ctx.refused_slices[key] = SliceRefusal(
+                self.body["metadata"]["uid"], invalid, exc.message
+            )
+            log.warning("%s: the apiserver refused its TPUSlices: %s", self.holder, exc.message)
+            self._after(MIN_REQUEUE_SECONDS if invalid else SLICE_RETRY_SECONDS)
+            return
+        self.ctx.refused_slices.pop(key, None)
 
     async def _stop_children(self) -> None:
         await send_all(

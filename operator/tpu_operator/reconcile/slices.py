@@ -64,7 +64,14 @@ from tpu_operator.reconcile.pools import (
 )
 from tpu_operator.runtime.caches import owned_by, slice_job_name, slice_sharing
 from tpu_operator.runtime.kube import ApiError, namespaced, send_all
-from tpu_operator.state.gang import GangState, Member, assess, members_of, nodes_of
+from tpu_operator.state.gang import (
+    GangState,
+    Member,
+    assess,
+    members_of,
+    nodes_of,
+    scheduler_wait,
+)
 from tpu_operator.state.views import PodView
 
 log = logging.getLogger(__name__)
@@ -550,10 +557,15 @@ class SliceRun:
             phase, message = Phase.RUNNING, f"{state.total} workers running, {state.ready} ready"
         elif state.outcome in ("Creating", "Starting"):
             phase = Phase.STARTING
+            no_scheduler, recheck = scheduler_wait(state.unseen, self.now)
+            if recheck is not None:
+                self._after(recheck)
             if state.unschedulable:
                 message = (
                     f"pod {state.unschedulable[0]} cannot be scheduled: {state.unschedulable[1]}"
                 )
+            elif no_scheduler:
+                message = no_scheduler
             else:
                 message = f"{state.ready}/{state.total} workers ready"
         else:

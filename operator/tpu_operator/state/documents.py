@@ -80,6 +80,7 @@ class PodStatus(_Doc):
 class PodSpec(_Doc):
     nodeName: str | None = None
     nodeSelector: dict[str, str] | None = None
+    schedulerName: str | None = None
 
 
 class PodDocument(_Doc):

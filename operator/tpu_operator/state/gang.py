@@ -11,6 +11,7 @@ collective, 134 when JAX's coordination service aborted it) follows from the oth
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +19,8 @@ from typing import Literal
 
 from tpu_operator import contract
 from tpu_operator.api.status import DISRUPTION_REASONS, Reason
-from tpu_operator.state.views import PodView
+from tpu_operator.state.views import DEFAULT_SCHEDULER, PodView
+from tpu_operator.timestamps import parse
 
 Outcome = Literal["Creating", "Starting", "Running", "Succeeded", "Failed"]
 SuccessPolicy = Literal["AllWorkers", "LeaderWorker"]
@@ -82,6 +84,44 @@ class SliceCount:
     succeeded: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Unseen:
+    """A pod no scheduler has looked at: its name, its ``schedulerName`` and when it was
+    created."""
+
+    pod: str
+    scheduler: str
+    created: str | None
+
+
+SCHEDULER_GRACE_SECONDS = 30.0
+"""How long the pods of an attempt may wait before the job says that no scheduler has
+looked at any of them (a scheduler working through a backlog looks at some first)."""
+
+
+def scheduler_wait(unseen: Unseen | None, now: dt.datetime) -> tuple[str | None, float | None]:
+    """What to say of pods no scheduler has looked at: (message, None) once they have
+    waited ``SCHEDULER_GRACE_SECONDS``; (None, seconds until then) before; (None, None)
+    when a scheduler has looked at the attempt's pods."""
+    if unseen is None:
+        return None, None
+    created = parse(unseen.created)
+    waited = (now - created).total_seconds() if created is not None else 0.0
+    if waited < SCHEDULER_GRACE_SECONDS:
+        return None, SCHEDULER_GRACE_SECONDS - waited
+    which = (
+        "the cluster's kube-scheduler (schedulerName default-scheduler)"
+        if unseen.scheduler == DEFAULT_SCHEDULER
+        else f"a scheduler named {unseen.scheduler!r} (spec.template.spec.schedulerName)"
+    )
+    return (
+        f"no scheduler has looked at pod {unseen.pod} (or any other pod of this attempt) in "
+        f"{waited:.0f} s: it waits for {which}; check that such a scheduler runs, or set "
+        "schedulerName to one that does",
+        None,
+    )
+
+
 @dataclass
 class GangState:
     attempt: int
@@ -93,6 +133,9 @@ class GangState:
     failure: WorkerFailure | None = None
     unschedulable: tuple[str, str] | None = None
     """(pod, scheduler message) of a pod the scheduler cannot place."""
+    unseen: Unseen | None = None
+    """The first pod of the attempt that no scheduler has looked at, while no scheduler
+    has looked at any (a scheduler that works through a backlog has looked at some)."""
     slices: dict[int, SliceCount] = field(default_factory=dict)
     stale: list[PodView] = field(default_factory=list)
     """Pods of other attempts (to delete; the next attempt waits until they are gone)."""
@@ -102,6 +145,8 @@ class GangState:
     """Every failure seen (``failure`` is the one taken as the cause)."""
     leader_succeeded: bool = False
     """Worker 0 of slice 0 exited 0 (successPolicy LeaderWorker)."""
+    scheduler_seen: bool = False
+    """Some pod of the attempt was looked at by a scheduler (or runs on a node)."""
 
 
 def may_end_attempt(pod: PodView) -> bool:
@@ -298,10 +343,16 @@ def assess(
                 leader_succeeded = True
         else:
             state.active.append(pod)
+            if pod.awaiting_scheduler is None:
+                state.scheduler_seen = True
+            elif state.unseen is None:
+                state.unseen = Unseen(pod.name, pod.awaiting_scheduler, pod.created)
             if pod.ready and pod.phase == "Running":
                 count.ready += 1
             elif pod.unschedulable and state.unschedulable is None:
                 state.unschedulable = (pod.name, pod.unschedulable)
+    if state.scheduler_seen:
+        state.unseen = None
     state.failures = failures
     state.leader_succeeded = leader_succeeded
     return _conclude(state, success_policy)
@@ -323,6 +374,11 @@ def combine(
         state.leader_succeeded = state.leader_succeeded or part.leader_succeeded
         if state.unschedulable is None:  # the first in member order, as ``assess`` finds it
             state.unschedulable = part.unschedulable
+        state.scheduler_seen = state.scheduler_seen or part.scheduler_seen
+        if state.unseen is None:
+            state.unseen = part.unseen
+    if state.scheduler_seen:
+        state.unseen = None
     return _conclude(state, success_policy)
 
 

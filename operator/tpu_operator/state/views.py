@@ -28,6 +28,8 @@ from tpu_operator.state.documents import (
     to_document,
 )
 
+DEFAULT_SCHEDULER = "default-scheduler"
+"""The ``schedulerName`` of a pod that names none (the apiserver's default)."""
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """The node's machine type (``ct6e-standard-4t``), set by GKE on every node."""
 
@@ -107,6 +109,10 @@ class PodView:
     """When the pod's Ready condition last turned False (while it is False)."""
     worker_started: str | None = None
     """When the worker container started running (while it runs)."""
+    awaiting_scheduler: str | None = None
+    """The pod's ``schedulerName`` while no scheduler has looked at it: Pending, on no
+    node, without a PodScheduled condition (a scheduler sets one at its first attempt, the
+    apiserver one for a scheduling gate). None once one has."""
 
     @property
     def process_stopped(self) -> bool:
@@ -219,6 +225,14 @@ def pod_view(body: PodDocument | Mapping[str, Any]) -> PodView | None:
     exit_code, exit_reason, finished = _worker_termination(containers)
     worker_started, worker_exit = _worker_state(containers)
     spec = pod.spec or NO_POD_SPEC
+    awaiting_scheduler = (
+        spec.schedulerName or DEFAULT_SCHEDULER
+        if "PodScheduled" not in conditions
+        and not spec.nodeName
+        and (status.phase or "Pending") == "Pending"
+        and meta.deletionTimestamp is None
+        else None
+    )
     selector = spec.nodeSelector or {}
     pool = selector.get(contract.NODE_LABEL_NODEPOOL)
     if pool is None and selector.get(SLICE_POOL_LABEL):
@@ -249,6 +263,7 @@ def pod_view(body: PodDocument | Mapping[str, Any]) -> PodView | None:
         supervised=(meta.annotations or {}).get(contract.ANNOTATION_SUPERVISED) == "true",
         not_ready_since=_shared(not_ready_since),
         worker_started=_shared(worker_started),
+        awaiting_scheduler=_shared(awaiting_scheduler),
     )
 
 

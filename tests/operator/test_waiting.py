@@ -1,0 +1,149 @@
+"""A job whose children the apiserver or a scheduler will never act on says so, on the
+real control plane: TPUSlices refused by a ValidatingAdmissionPolicy (retried until the
+policy goes), and worker pods whose ``schedulerName`` no scheduler serves (named after
+``SCHEDULER_GRACE_SECONDS``)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from localcluster.testing import wait_until
+from tests.operator.support import job_manifest
+from tpu_operator import contract
+from tpu_operator.state.gang import SCHEDULER_GRACE_SECONDS
+
+pytestmark = pytest.mark.integration
+
+
+def condition(status: dict, type_: str) -> dict:
+    return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
+
+
+def test_refused_slices_and_an_absent_scheduler_are_named_in_the_status(
+    tpu, namespace, running_operator
+):
+    policy = f"deny-slices-{namespace}"[:63]
+    manifests = [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": policy},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [contract.GROUP],
+                            "apiVersions": ["*"],
+                            "operations": ["CREATE"],
+                            "resources": [contract.SLICE_PLURAL],
+                        }
+                    ]
+                },
+                "matchConditions": [
+                    {
+                        "name": "frozen-only",
+                        "expression": "object.metadata.name.startsWith('frozen-')",
+                    }
+                ],
+                "validations": [
+                    {"expression": "false", "message": "TPUSlices are frozen in this namespace"}
+                ],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": policy},
+            "spec": {
+                "policyName": policy,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+                },
+            },
+        },
+    ]
+    cluster = tpu.cluster
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}),
+    )
+    try:
+        # The binding takes effect within a second or so: until a dry run is refused.
+        wait_until(
+            lambda: (
+                cluster.kubectl(
+                    "apply",
+                    "--dry-run=server",
+                    "-n",
+                    namespace,
+                    "-f",
+                    "-",
+                    input=json.dumps(
+                        {
+                            "apiVersion": contract.API_VERSION,
+                            "kind": contract.SLICE_KIND,
+                            "metadata": {"name": "frozen-probe"},
+                            "spec": {
+                                "type": "v5litepod-4",
+                                "template": {
+                                    "spec": {"containers": [{"name": "worker", "image": "x"}]}
+                                },
+                            },
+                        }
+                    ),
+                    check=False,
+                ).returncode
+                != 0
+            ),
+            timeout=30,
+            message="the admission policy to refuse TPUSlices",
+        )
+        unscheduled = job_manifest("unscheduled", namespace, {"type": "v5litepod-4"}, "sleep 300")
+        unscheduled["spec"]["template"]["spec"]["schedulerName"] = "no-such-scheduler"
+        created = time.monotonic()
+        tpu.apply(unscheduled)  # its pods wait for a scheduler meanwhile
+        tpu.apply(job_manifest("frozen", namespace, {"type": "v5litepod-4"}, "sleep 300"))
+        refused = wait_until(
+            lambda: (
+                (s := tpu.status(namespace, "frozen")).get("attempt") == 1
+                and "refuses the job's TPUSlices" in s.get("message", "")
+                and s
+            ),
+            timeout=60,
+            message=lambda: (
+                f"the job to say its slices are refused: {tpu.status(namespace, 'frozen')}"
+            ),
+        )
+        assert "TPUSlices are frozen in this namespace" in refused["message"]
+        assert condition(refused, "PodsScheduled")["reason"] == "SliceCreationFailed"
+        tpu.wait_events(namespace, "frozen", "SliceCreationFailed")
+    finally:
+        cluster.kubectl(
+            "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", policy
+        )
+    # The policy is gone: the job's next try (at most 30 s later) creates its slice.
+    tpu.wait_phase(namespace, "frozen", "Running", timeout=90)
+    waiting = wait_until(
+        lambda: (
+            "no scheduler has looked at"
+            in (s := tpu.status(namespace, "unscheduled")).get("message", "")
+            and s
+        ),
+        timeout=SCHEDULER_GRACE_SECONDS + 60,
+        message=lambda: (
+            f"the job to name the scheduler its pods wait for: "
+            f"{tpu.status(namespace, 'unscheduled')}"
+        ),
+    )
+    assert time.monotonic() - created >= SCHEDULER_GRACE_SECONDS
+    assert waiting["phase"] == "Starting"
+    assert "named 'no-such-scheduler'" in waiting["message"]
+    assert condition(waiting, "PodsScheduled")["reason"] == "NoScheduler"
+    tpu.wait_events(namespace, "unscheduled", "NoScheduler")
