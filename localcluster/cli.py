@@ -20,7 +20,7 @@ from pathlib import Path
 from localcluster import binaries
 from localcluster.agent.client import AgentError
 from localcluster.agent.provisioner import Autoprovisioning
-from localcluster.cluster import DEFAULT_DIR, Cluster, ClusterError
+from localcluster.cluster import COMPONENTS, DEFAULT_DIR, Cluster, ClusterError
 from localcluster.pools import PoolError, load_pools
 
 
@@ -100,6 +100,14 @@ def _fault(args: argparse.Namespace) -> int:
     if args.fault == "restart-apiserver":
         seconds = Cluster.attach(args.dir).restart_apiserver(args.down)
         print(f"kube-apiserver back after {seconds:.1f} s")
+        return 0
+    if args.fault == "kill-component":
+        Cluster.attach(args.dir).kill_component(args.component)
+        print(f"{args.component} killed; kept down until `fault start-component`")
+        return 0
+    if args.fault == "start-component":
+        seconds = Cluster.attach(args.dir).start_component(args.component)
+        print(f"{args.component} running again after {seconds:.1f} s")
         return 0
     agent = Cluster.attach(args.dir).agent
     if args.fault == "kill-pod":
@@ -196,6 +204,11 @@ def parser() -> argparse.ArgumentParser:
     kill.add_argument("--container")
     restart = fault_command("restart-apiserver", "SIGKILL the kube-apiserver and start it again")
     restart.add_argument("--down", type=float, default=0.0, help="seconds to keep it down")
+    for name, text in (
+        ("kill-component", "SIGKILL a control-plane component and keep it down"),
+        ("start-component", "start a component stopped with kill-component again"),
+    ):
+        fault_command(name, text).add_argument("component", choices=COMPONENTS)
     evict = fault_command("evict", "evict a pod (Eviction API)")
     evict.add_argument("namespace")
     evict.add_argument("name")

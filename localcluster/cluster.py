@@ -14,17 +14,22 @@ free and a start whose etcd or apiserver lost a bind race is retried with new po
 controller that gives up before the apiserver serves it (a loaded machine) is started
 again.
 
-Control-plane faults: ``restart_apiserver(down_seconds)`` (or ``kill_apiserver`` and
-``start_apiserver``) SIGKILLs the kube-apiserver and starts it again with the same command
-line; ``supervise`` (started by those) restarts kube-scheduler and kube-controller-manager
-whenever they exit afterwards, as a kubelet restarts static pods.
+Supervision: the process that started the components is their parent and restarts
+each one that exits, with a back-off as a kubelet's CrashLoopBackOff
+(:mod:`localcluster.supervision`), from start-up until :meth:`Cluster.stop`.
+
+Control-plane faults: ``kill_component(name)`` SIGKILLs a component and keeps it down
+(supervision leaves it alone) until ``start_component(name)``; ``restart_apiserver``
+(``kill_apiserver`` and ``start_apiserver``) does that to the kube-apiserver.
 
 Two modes: *foreground* (the library default) ties every child to this process with
-``PR_SET_PDEATHSIG``, so even a SIGKILLed test run leaves no process behind; *detached*
-(``python -m localcluster up``) leaves the cluster running and ``down`` stops it from the
-PIDs (with start times) in ``state.json``. A directory whose recorded processes are gone
-(a crashed run) is detected on the next start: survivors are killed and the runtime state
-(etcd data, pods) is wiped; certificates are kept.
+``PR_SET_PDEATHSIG``, so even a SIGKILLed test run leaves no process behind, and
+supervises from a thread of it; *detached* (``python -m localcluster up``) starts
+:mod:`localcluster.daemon`, a process of its own that starts, supervises and on ``down``
+stops the components, and returns once the cluster is ready. ``state.json`` records the
+PIDs (with start times), command lines and the supervising process. A directory whose
+recorded processes are gone (a crashed run) is detected on the next start: survivors are
+killed and the runtime state (etcd data, pods) is wiped; certificates are kept.
 """
 
 from __future__ import annotations
@@ -59,17 +64,24 @@ from localcluster.procs import (
     spawn,
     terminate,
 )
+from localcluster.supervision import Supervisor, describe_exit
 
 DEFAULT_DIR = Path(".localcluster") / "default"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
 BIND_CONFLICT = "address already in use"
-SUPERVISED = ("kube-controller-manager", "kube-scheduler")
-"""Components :meth:`Cluster.supervise` restarts when they exit."""
+CONTROLLERS = ("kube-controller-manager", "kube-scheduler")
+"""Components that start-up starts again when they exit before the cluster is ready."""
 STARTUP_RESTARTS = 5
 """How often start-up starts a controller again that exited before the cluster was ready."""
 PROGRESS_SECONDS = 15.0
 """A start that takes longer (thousands of simulated nodes to register) logs what it is
 waiting for this often, with the number of nodes registered so far."""
+DAEMON_STOP_SECONDS = 90.0
+"""How long ``stop`` waits for a detached cluster's daemon to stop its components (the
+agent, controllers, apiserver and etcd get 15 + 10 + 10 + 10 s at most) before it kills
+the daemon and stops them itself."""
+DAEMON_ERROR = "localcluster-daemon-error: "
+"""Prefix of the line in which the daemon reports why the cluster did not start."""
 
 
 class ClusterError(RuntimeError):
@@ -96,8 +108,9 @@ class Cluster:
     _children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
     _records: dict[str, ProcessRecord] = field(default_factory=dict, repr=False)
     _stopped: bool = field(default=False, repr=False)
-    _watchdog: tuple[threading.Thread, threading.Event] | None = field(default=None, repr=False)
-    _argv: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    _supervisor: Supervisor | None = field(default=None, repr=False)
+    _commands: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    _spawned: dict[str, float] = field(default_factory=dict, repr=False)
     _startup_restarts: dict[str, int] = field(default_factory=dict, repr=False)
 
     # Paths and clients ----------------------------------------------------------------
@@ -182,6 +195,11 @@ class Cluster:
         ...). ``autoprovisioning``: turn on the simulated GKE cluster autoscaler and node
         auto-provisioner (:mod:`localcluster.agent.provisioner`; off by default). Raises
         :class:`ClusterError` if a cluster is already running there.
+
+        ``detach``: the cluster outlives this process; :mod:`localcluster.daemon` starts
+        and supervises it, and what is returned is attached to it. Otherwise the
+        components are children of this process (they die with it) and a thread of it
+        supervises them.
         """
         extra = {k: list(v) for k, v in (component_args or {}).items()}
         if autoprovisioning is not None:
@@ -190,6 +208,36 @@ class Cluster:
         layout = Layout(Path(directory or DEFAULT_DIR).absolute())
         pool_list = list(default_pools() if pools is None else pools)
         check_unique(pool_list)
+        if detach:
+            spec = {
+                "directory": str(layout.root),
+                "pools": [pool.to_dict() for pool in pool_list],
+                "node_monitor_grace_period": node_monitor_grace_period,
+                "fresh": fresh,
+                "timeout": timeout,
+                "component_args": extra,
+            }
+            return _start_daemon(layout, spec)
+        cluster = cls._start_here(
+            layout, pool_list, node_monitor_grace_period, False, fresh, timeout, extra
+        )
+        cluster._supervisor = cluster._new_supervisor()
+        cluster._supervisor.start_thread()
+        return cluster
+
+    @classmethod
+    def _start_here(
+        cls,
+        layout: Layout,
+        pool_list: Sequence[Pool],
+        node_monitor_grace_period: float,
+        detach: bool,
+        fresh: bool,
+        timeout: float,
+        extra: Mapping[str, Sequence[str]],
+    ) -> Cluster:
+        """Start the components as children of this process (``detach``: without a death
+        signal) and wait until the cluster is usable; supervision is the caller's."""
         with locked(layout):
             _recover(layout, fresh)
             paths = binaries.ensure_all()
@@ -249,19 +297,25 @@ class Cluster:
             ],
         }  # fmt: skip
         for name, argv in commands.items():
-            argv = [*argv, *extra.get(name, ())]
-            self._argv[name] = argv
-            log_file = layout.log(name)
-            with open(log_file, "a") as out:
-                out.write(f"\n==== {dt.datetime.now().isoformat()} {' '.join(argv)}\n")
-            if self.detached:
-                death = None
-            else:
-                death = signal.SIGTERM if name == "node-agent" else signal.SIGKILL
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _pythonpath()}
-            child = spawn(argv, log_file=log_file, env=env, cwd=layout.root, die_with_parent=death)
-            self._children[name] = child
-            self._records[name] = ProcessRecord(child.pid, process_start_time(child.pid) or 0)
+            self._commands[name] = [*argv, *extra.get(name, ())]
+            self._spawn(name, self._commands[name])
+
+    def _spawn(self, name: str, argv: Sequence[str], note: str = "") -> subprocess.Popen[bytes]:
+        """Start component ``name`` with ``argv`` as a child of this process (in the
+        foreground: one that dies with the calling thread) and record it."""
+        log_file = self.layout.log(name)
+        with open(log_file, "a") as out:
+            out.write(f"\n==== {dt.datetime.now().isoformat()} {note}{' '.join(argv)}\n")
+        if self.detached:
+            death = None
+        else:
+            death = signal.SIGTERM if name == "node-agent" else signal.SIGKILL
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _pythonpath()}
+        child = spawn(argv, log_file=log_file, env=env, cwd=self.layout.root, die_with_parent=death)
+        self._children[name] = child
+        self._records[name] = ProcessRecord(child.pid, process_start_time(child.pid) or 0)
+        self._spawned[name] = time.monotonic()
+        return child
 
     def _wait_ready(self, started: float, timeout: float) -> None:
         api = self.api()
@@ -306,16 +360,16 @@ class Cluster:
             if name in ("etcd", "kube-apiserver") and BIND_CONFLICT in tail:
                 raise _PortConflict(f"{name} could not bind its port")
             restarts = self._startup_restarts.get(name, 0)
-            if name in SUPERVISED and name in self._argv and restarts < STARTUP_RESTARTS:
+            if name in CONTROLLERS and name in self._commands and restarts < STARTUP_RESTARTS:
                 # They give up when the apiserver does not serve them in time (on a loaded
                 # machine, RBAC bootstrap can take longer than their wait); a kubelet
                 # would start them again, and so does the launcher.
                 self._startup_restarts[name] = restarts + 1
-                log(f"{name} exited with code {code} during start-up; starting it again")
-                self._respawn(name, self._argv[name], save=False)
+                log(f"{name} {describe_exit(code)} during start-up; starting it again")
+                self._spawn(name, self._commands[name], "restart: ")
                 continue
             raise ClusterError(
-                f"{name} exited with code {code} during start-up; "
+                f"{name} {describe_exit(code)} during start-up; "
                 f"log: {self.layout.log(name)}\n{tail}"
             )
 
@@ -326,16 +380,45 @@ class Cluster:
                 "status": "running",
                 "mode": "detached" if self.detached else "foreground",
                 "launcher_pid": os.getpid(),
+                "supervisor": ProcessRecord.of(os.getpid()).to_json(),
                 "server": self.server,
                 "ports": ports.to_json(),
                 "kubectl": str(self.kubectl_path),
                 "processes": {n: r.to_json() for n, r in self._records.items()},
+                "commands": self._commands,
+                "held": [],
+                "restarts": {},
                 "node_monitor_grace_period": grace,
                 "agent_socket": str(self.layout.agent_socket),
                 "started_at": dt.datetime.now(dt.UTC).isoformat(),
                 "startup_seconds": round(self.startup_seconds or 0, 2),
             },
         )
+
+    # Supervision ----------------------------------------------------------------------
+
+    def _new_supervisor(self) -> Supervisor:
+        return Supervisor(
+            self.layout, lambda: self._children, self._respawn, log, started=self._spawned
+        )
+
+    def _supervise_here(self, until: threading.Event) -> None:
+        """Supervise from the calling thread until ``until`` is set or the cluster is
+        stopped (the daemon of a detached cluster)."""
+        self._supervisor = self._new_supervisor()
+        self._supervisor.run(until)
+
+    def _respawn(self, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        """Start component ``name`` again with ``argv`` and record it in ``state.json``
+        (the caller holds the lock)."""
+        child = self._spawn(name, argv, "restart: ")
+        state = read_state(self.layout) or {}
+        state.setdefault("processes", {})[name] = self._records[name].to_json()
+        state.setdefault("killed", {}).pop(name, None)
+        restarts = state.setdefault("restarts", {})
+        restarts[name] = restarts.get(name, 0) + 1
+        write_state(self.layout, state)
+        return child
 
     # Attach and stop ------------------------------------------------------------------
 
@@ -347,11 +430,14 @@ class Cluster:
         if not state or state.get("status") != "running":
             raise ClusterError(f"no cluster is running in {layout.root}")
         records = recorded_processes(state)
-        dead = [name for name, record in records.items() if not record.alive()]
-        if dead:
+        held = set(state.get("held") or ())
+        dead = [n for n, record in records.items() if not record.alive() and n not in held]
+        supervisor = _supervisor(state)
+        if dead and not (supervisor and supervisor.alive()):
             raise ClusterError(
                 f"the cluster in {layout.root} is broken: {', '.join(dead)} not running "
-                f"(logs in {layout.logs}); stop it with `python -m localcluster down`"
+                f"and nothing restarts them (logs in {layout.logs}); stop it with "
+                "`python -m localcluster down`"
             )
         return cls(
             layout.root,
@@ -363,20 +449,46 @@ class Cluster:
         )
 
     def stop(self) -> None:
-        """Stop every component (the agent first, so pod processes end gracefully)."""
+        """Stop every component (the agent first, so pod processes end gracefully).
+
+        The process that supervises them does it: this one, or the daemon of a detached
+        cluster (asked with SIGTERM; if it does not finish in time, it is killed and the
+        recorded processes are stopped from here)."""
         if self._stopped:
             return
-        if self._watchdog is not None:
-            thread, stopping = self._watchdog
-            stopping.set()
-            thread.join(10)
+        supervisor = self._supervisor
+        if supervisor is not None:
+            supervisor.closing.set()  # no restarts while the components stop
+        else:
+            self._stop_daemon()
         with locked(self.layout):
-            self._shutdown()
             state = read_state(self.layout) or {}
-            state.update(status="stopped", processes={})
+            if supervisor is None:  # the recorded processes may be newer than ours
+                self._records.update(recorded_processes(state))
+            self._shutdown()
+            state.update(status="stopped", processes={}, held=[])
             write_state(self.layout, state)
+        if supervisor is not None:
+            supervisor.finish()
         self._stopped = True
         log(f"cluster in {self.directory} stopped")
+
+    def _stop_daemon(self) -> None:
+        state = read_state(self.layout) or {}
+        daemon = _supervisor(state)
+        if state.get("mode") != "detached" or daemon is None or daemon.pid == os.getpid():
+            return
+        if not signal_group(daemon, signal.SIGTERM):
+            return
+        deadline = time.monotonic() + DAEMON_STOP_SECONDS
+        while daemon.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if daemon.alive():
+            log(
+                f"the cluster's daemon (pid {daemon.pid}) did not stop it in "
+                f"{DAEMON_STOP_SECONDS:g} s; killing it and stopping the components from here"
+            )
+            signal_group(daemon, signal.SIGKILL)
 
     def _shutdown(self) -> None:
         # Dependents first: the agent (its pods get SIGTERM), then the controllers, then
@@ -395,133 +507,127 @@ class Cluster:
 
     # Faults of the control plane -------------------------------------------------------
 
-    def kill_apiserver(self) -> list[str]:
-        """SIGKILL the kube-apiserver (as a crash or a control-plane upgrade does); return
-        its command line for :meth:`start_apiserver`. Every client sees its connections
-        reset and then refused; etcd keeps the data."""
-        self.supervise()
+    def kill_component(self, name: str) -> list[str]:
+        """SIGKILL component ``name`` (``kube-scheduler``, ``kube-apiserver``, ...) and keep
+        it down: supervision does not restart it until :meth:`start_component`. Returns
+        its command line. Works from any process (the supervisor reads ``state.json``)."""
+        if name not in COMPONENTS:
+            raise ClusterError(f"unknown component {name!r}; one of: {', '.join(COMPONENTS)}")
         with locked(self.layout):
-            record = self._records.get("kube-apiserver")
-            if record is None or not record.alive():
-                raise ClusterError("the kube-apiserver is not running")
-            argv = _cmdline(record.pid)
-            signal_group(record, signal.SIGKILL)
-            deadline = time.monotonic() + 10
-            while record.alive() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            child = self._children.get("kube-apiserver")
-            if child is not None:
-                child.wait(5)
-        log(f"kube-apiserver killed (pid {record.pid})")
-        return argv
+            state = self._running_state()
+            # Held before the kill: the supervisor that sees the exit sees the hold too.
+            state["held"] = sorted({*(state.get("held") or ()), name})
+            record = recorded_processes(state).get(name)
+            if record is not None:
+                # Marks this exit as deliberate even if start_component comes first.
+                state.setdefault("killed", {})[name] = record.pid
+            write_state(self.layout, state)
+            if record is not None and signal_group(record, signal.SIGKILL):
+                deadline = time.monotonic() + 10
+                while record.alive() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                child = self._children.get(name)
+                if child is not None and child.pid == record.pid:
+                    child.wait(5)
+                log(f"{name} killed (pid {record.pid}); kept down until started again")
+        return list(state["commands"][name])
 
-    def start_apiserver(self, argv: Sequence[str], timeout: float = 60.0) -> float:
-        """Start the kube-apiserver again with ``argv`` (same flags, port, certificates and
-        etcd); return the seconds until it answered ``/readyz``. In the foreground the new
-        process dies with the calling thread (``PR_SET_PDEATHSIG``): call it from the
-        thread that owns the cluster."""
+    def start_component(
+        self, name: str, argv: Sequence[str] | None = None, timeout: float = 60.0
+    ) -> float:
+        """Let supervision start component ``name`` again, at once (with ``argv`` if
+        given, else its recorded command line); return the seconds until it runs (the
+        kube-apiserver: until it answers ``/readyz``)."""
         started = time.monotonic()
         with locked(self.layout):
-            child = self._respawn("kube-apiserver", argv)
+            state = self._running_state()
+            if name not in (state.get("held") or ()):
+                raise ClusterError(f"{name} was not stopped with kill_component")
+            if argv is not None:
+                state["commands"][name] = list(argv)
+            state["held"] = [n for n in state["held"] if n != name]
+            write_state(self.layout, state)
+            before = recorded_processes(state).get(name)
+        daemon = _supervisor(state)
+        if daemon is None or not daemon.alive():
+            raise ClusterError(
+                f"nothing supervises the cluster in {self.directory} (its supervising "
+                "process is gone), so nothing starts it; stop it with `python -m localcluster "
+                "down` and start it again"
+            )
+
+        def started_again() -> ProcessRecord | None:
+            record = recorded_processes(read_state(self.layout)).get(name)
+            return record if record is not None and record != before and record.alive() else None
+
         api = self.api()
         while time.monotonic() < started + timeout:
-            if child.poll() is not None:
-                raise ClusterError(
-                    f"kube-apiserver exited with {child.returncode} on restart:\n"
-                    f"{_tail(self.layout.log('kube-apiserver'))}"
-                )
-            with contextlib.suppress(OSError):
-                if api.request("GET", "/readyz")[0] == 200:
-                    ready = time.monotonic() - started
-                    log(f"kube-apiserver restarted: ready in {ready:.1f} s")
-                    return ready
-            time.sleep(0.1)
-        raise ClusterError(f"the restarted kube-apiserver was not ready after {timeout:g} s")
+            record = started_again()
+            if record is not None and name != "kube-apiserver":
+                return time.monotonic() - started
+            if record is not None:
+                with contextlib.suppress(OSError):
+                    if api.request("GET", "/readyz")[0] == 200:
+                        ready = time.monotonic() - started
+                        log(f"{name} started again: ready in {ready:.1f} s")
+                        return ready
+            time.sleep(0.05)
+        raise ClusterError(
+            f"{name} was not running again after {timeout:g} s; "
+            f"log: {self.layout.log(name)}\n{_tail(self.layout.log(name))}"
+        )
+
+    def _running_state(self) -> dict[str, Any]:
+        state = read_state(self.layout) or {}
+        if state.get("status") != "running":
+            raise ClusterError(f"no cluster is running in {self.directory}")
+        return state
+
+    def kill_apiserver(self) -> list[str]:
+        """SIGKILL the kube-apiserver (as a crash or a control-plane upgrade does) and keep
+        it down until :meth:`start_apiserver`; return its command line. Every client sees
+        its connections reset and then refused; etcd keeps the data."""
+        return self.kill_component("kube-apiserver")
+
+    def start_apiserver(self, argv: Sequence[str] | None = None, timeout: float = 60.0) -> float:
+        """Start the kube-apiserver again (same flags, port, certificates and etcd, or
+        ``argv``); return the seconds until it answered ``/readyz``."""
+        return self.start_component("kube-apiserver", argv, timeout)
 
     def restart_apiserver(self, down_seconds: float = 0.0, timeout: float = 60.0) -> float:
         """SIGKILL the kube-apiserver, keep it down ``down_seconds``, start it again with
-        the same command line; return the seconds from the kill until ``/readyz``. Also
-        starts :meth:`supervise`, which brings back the controllers that exit after it."""
+        the same command line; return the seconds from the kill until ``/readyz``."""
         killed = time.monotonic()
-        argv = self.kill_apiserver()
+        self.kill_apiserver()
         time.sleep(down_seconds)
-        self.start_apiserver(argv, timeout)
+        self.start_apiserver(timeout=timeout)
         return time.monotonic() - killed
 
-    def supervise(self, interval: float = 0.5) -> None:
-        """Restart kube-scheduler and kube-controller-manager whenever they exit, as the
-        kubelet restarts a control plane's static pods, until :meth:`stop`.
-
-        Both exit on purpose when they find their caches inconsistent, which an apiserver
-        restart can cause (kube-scheduler: "Scheduler cache is corrupted", seconds after
-        the apiserver is back); a real control plane has them back within seconds, so the
-        local one does too. A daemon thread of this process (started once) checks every
-        ``interval`` and relaunches with the command line each had when supervision began.
-        """
-        if self._watchdog is not None:
-            return
-        commands = {}
-        for name in SUPERVISED:
-            record = self._records.get(name)
-            if record is not None and record.alive():
-                commands[name] = _cmdline(record.pid)
-        stopping = threading.Event()
-        thread = threading.Thread(
-            target=self._watch_controllers,
-            args=(commands, stopping, interval),
-            name="localcluster-watchdog",
-            daemon=True,
-        )
-        self._watchdog = (thread, stopping)
-        thread.start()
-
-    def _watch_controllers(
-        self, commands: Mapping[str, list[str]], stopping: threading.Event, interval: float
-    ) -> None:
-        while not stopping.wait(interval):
-            for name, argv in commands.items():
-                record = self._records.get(name)
-                if record is None or record.alive():
-                    continue
-                with locked(self.layout):
-                    state = read_state(self.layout) or {}
-                    if stopping.is_set() or state.get("status") != "running":
-                        return  # stopped here or by another process
-                    child = self._children.get(name)
-                    code = child.poll() if child is not None else None
-                    self._respawn(name, argv)
-                log(f"{name} exited (code {code}); restarted it (see {self.layout.log(name)})")
-
-    def _respawn(
-        self, name: str, argv: Sequence[str], save: bool = True
-    ) -> subprocess.Popen[bytes]:
-        """Start component ``name`` again with ``argv``; record it, in ``state.json`` too
-        when ``save`` (the caller holds the lock)."""
-        log_file = self.layout.log(name)
-        with open(log_file, "a") as out:
-            out.write(f"\n==== {dt.datetime.now().isoformat()} restart: {' '.join(argv)}\n")
-        child = spawn(
-            argv,
-            log_file=log_file,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            cwd=self.layout.root,
-            die_with_parent=None if self.detached else signal.SIGKILL,
-        )
-        self._children[name] = child
-        record = ProcessRecord(child.pid, process_start_time(child.pid) or 0)
-        self._records[name] = record
-        if save:
-            state = read_state(self.layout) or {}
-            state.setdefault("processes", {})[name] = record.to_json()
-            write_state(self.layout, state)
-        return child
-
     def status(self) -> dict[str, Any]:
+        """Components (PID, alive, restarts, held) and the supervising process, as
+        ``state.json`` records them now."""
+        state = read_state(self.layout) or {}
+        records = recorded_processes(state) or self._records
+        restarts, held = state.get("restarts") or {}, set(state.get("held") or ())
+        supervisor = _supervisor(state)
         return {
             "directory": str(self.directory),
             "server": self.server,
             "kubeconfig": str(self.kubeconfig),
-            "processes": {n: {"pid": r.pid, "alive": r.alive()} for n, r in self._records.items()},
+            "supervisor": (
+                {"pid": supervisor.pid, "alive": supervisor.alive(), "mode": state.get("mode")}
+                if supervisor
+                else None
+            ),
+            "processes": {
+                n: {
+                    "pid": r.pid,
+                    "alive": r.alive(),
+                    "restarts": restarts.get(n, 0),
+                    "held": n in held,
+                }
+                for n, r in records.items()
+            },
         }
 
     def __enter__(self) -> Cluster:
@@ -545,7 +651,10 @@ def _recover(layout: Layout, fresh: bool) -> None:
         return
     records = recorded_processes(state)
     alive = {name: record for name, record in records.items() if record.alive()}
-    if alive and len(alive) == len(records) and state.get("status") == "running":
+    supervisor = _supervisor(state)
+    supervised = supervisor is not None and supervisor.alive()
+    complete = bool(alive) and len(alive) == len(records)
+    if state.get("status") == "running" and (complete or supervised):
         raise ClusterError(
             f"a cluster is already running in {layout.root} (server {state.get('server')}); "
             "use Cluster.attach() or stop it with `python -m localcluster down`"
@@ -556,6 +665,8 @@ def _recover(layout: Layout, fresh: bool) -> None:
             f"{layout.root} holds a crashed cluster ({len(alive)} of {len(records)} processes "
             "left): stopping the survivors and wiping its runtime state"
         )
+        if supervisor is not None and supervised and state.get("mode") == "detached":
+            signal_group(supervisor, signal.SIGKILL)  # a daemon would start them again
         terminate(list(alive.values()), timeout=5)
     _kill_pod_groups(layout)
     if crashed or fresh:
@@ -595,10 +706,57 @@ def _registered(api: SyncApi) -> str:
     return f": {count} nodes registered"
 
 
-def _cmdline(pid: int) -> list[str]:
-    """The command line of a running process (what ``spawn`` exec'd, without setpriv)."""
-    raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    return [part.decode() for part in raw.split(b"\0") if part]
+def _supervisor(state: Mapping[str, Any] | None) -> ProcessRecord | None:
+    """The process that supervises the cluster of ``state`` (launcher or daemon)."""
+    record = (state or {}).get("supervisor")
+    return ProcessRecord.from_json(record) if record else None
+
+
+def _start_daemon(layout: Layout, spec: Mapping[str, Any]) -> Cluster:
+    """Start a detached cluster through :mod:`localcluster.daemon`; return it attached.
+
+    The daemon's stderr comes here (and is copied to ours) until the cluster is ready,
+    then goes to ``logs/supervisor.log``: the end of the pipe means ready, or failed if
+    the daemon says so or exits."""
+    layout.root.mkdir(parents=True, exist_ok=True)
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "localcluster.daemon"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=layout.root,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _pythonpath()},
+        start_new_session=True,
+        text=True,
+    )
+    assert daemon.stdin is not None and daemon.stderr is not None
+    error = ""
+    try:
+        daemon.stdin.write(json.dumps(spec))
+        daemon.stdin.close()
+        for line in daemon.stderr:
+            if line.startswith(DAEMON_ERROR):
+                error = line[len(DAEMON_ERROR) :].rstrip("\n").replace("\\n", "\n")
+            else:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+        daemon.stderr.close()
+        state = read_state(layout) or {}
+        record = _supervisor(state)
+        if state.get("status") == "running" and record is not None and record.pid == daemon.pid:
+            return Cluster.attach(layout.root)
+        code = daemon.wait(30)
+    except BaseException:
+        if daemon.poll() is None:  # interrupted: the daemon stops what it started
+            daemon.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                daemon.wait(DAEMON_STOP_SECONDS)
+        raise
+    raise ClusterError(
+        error
+        or f"the cluster's daemon exited with code {code} before the cluster was ready; "
+        f"log: {layout.log('supervisor')}"
+    )
 
 
 def _pythonpath() -> str:

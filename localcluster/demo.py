@@ -2,9 +2,10 @@
 
 ``python -m localcluster.demo`` (``make demo``): builds or reuses the control-plane and
 helm binaries, installs Prometheus if needed, starts the local cluster with simulated TPU
-node pools, installs the operator with its Helm chart (the operator runs in the cluster
-as the chart's ServiceAccount, installed the way its image installs it), starts a real
-Prometheus configured from the chart's monitors and alert rules, applies
+node pools (detached: its daemon restarts any component that exits), installs the
+operator with its Helm chart (the operator runs in the cluster as the chart's
+ServiceAccount, installed the way its image installs it), starts a real Prometheus
+configured from the chart's monitors and alert rules, applies
 examples/local-demo.yaml (four JAX processes on two simulated v5p slices), shows live
 progress and ends with a summary and where to look. Everything keeps running until
 ``python -m localcluster.demo down`` (``make demo-down``).

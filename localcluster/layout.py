@@ -2,13 +2,14 @@
 
 ::
 
-    <dir>/state.json            ports, PIDs (+ start times), mode, versions, timings
+    <dir>/state.json            ports, PIDs (+ start times), command lines, mode, the
+                                supervising process, restarts, held components, timings
     <dir>/.lock                 flock held while a launcher starts or stops this cluster
     <dir>/pki/                  CA, serving/client certs, service-account keys
     <dir>/etcd/                 etcd data (throwaway: --unsafe-no-fsync)
     <dir>/kubeconfig            admin kubeconfig (system:masters)
     <dir>/kubeconfigs/          one per component (controller-manager, scheduler, agent)
-    <dir>/logs/<component>.log  component logs
+    <dir>/logs/<component>.log  component logs; supervisor.log: a detached cluster's daemon
     <dir>/pools.yaml            node pools the agent registers
     <dir>/agent.sock            node agent control API (see localcluster.agent.control)
     <dir>/pods/<ns>/<pod>/      per-pod hosts file, <container>.log, pgid records

@@ -129,6 +129,8 @@ def test_cli_up_status_fault_down_detached(directory: Path) -> None:
     assert "cluster up in" in up.stderr
     records = _records(directory)
     assert all(r.alive() for r in records.values()), "detached components outlive `up`"
+    daemon = ProcessRecord.from_json(read_state(Layout(directory))["supervisor"])
+    assert daemon.alive(), "so does the daemon that supervises them"
 
     status = cli("status")
     assert status.returncode == 0 and '"cpu-0"' in status.stdout, status.stderr
@@ -141,7 +143,9 @@ def test_cli_up_status_fault_down_detached(directory: Path) -> None:
 
     down = cli("down")
     assert down.returncode == 0, down.stderr
-    assert not any(r.alive() for r in records.values())
+    assert not any(r.alive() for r in records.values()) and not daemon.alive()
+    supervisor_log = (directory / "logs" / "supervisor.log").read_text().splitlines()
+    assert supervisor_log[-1].endswith(f"cluster in {directory} stopped"), "by the daemon"
     again = cli("status")
     assert again.returncode == 1 and "no cluster is running" in again.stderr
 
