@@ -38,8 +38,9 @@ from tpu_operator import contract, controllers
 from tpu_operator.api.status import TERMINAL_PHASES, Phase
 from tpu_operator.reconcile.context import Context, Reservations
 from tpu_operator.reconcile.pools import HeldPools, job_holder, slice_holder
-from tpu_operator.runtime.caches import Caches, slice_job_name
+from tpu_operator.runtime.caches import Caches
 from tpu_operator.runtime.listwatch import Store
+from tpu_operator.runtime.ownership import slice_job_name
 
 NAMESPACE = "bench"
 ASKED = 4

@@ -27,9 +27,10 @@ from tpu_operator.builders.workload import KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_
 from tpu_operator.reconcile.pools import job_pool_records, slice_pool_records
 from tpu_operator.runtime import collector
 from tpu_operator.runtime.app import OperatorConfig, Runtime
-from tpu_operator.runtime.caches import POOL_RECORD, slice_job_name
+from tpu_operator.runtime.caches import POOL_RECORD
 from tpu_operator.runtime.kube import connection_info, load_configuration
 from tpu_operator.runtime.leader import LeaderElector
+from tpu_operator.runtime.ownership import slice_job_name
 from tpu_operator.state.views import shared_copy
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,13 @@ def _snapshot(body: kopf.Body) -> dict[str, Any]:
 
 
 @kopf.index(contract.GROUP, contract.VERSION, contract.SLICE_PLURAL)
-async def tpu_slices(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
+async def tpu_slices(
+    body: kopf.Body, namespace: str | None, name: str, memo: Any = None, **_: Any
+) -> dict[Any, Any]:
     snapshot = _snapshot(body)
+    runtime = memo.get(RUNTIME_KEY) if memo is not None else None
+    if runtime is not None:  # always, once started; unit tests index without one
+        runtime.slice_known(snapshot)
     keys: dict[Any, Any] = {("slice", namespace, name): snapshot}
     job = slice_job_name(body)
     if job:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from localcluster.agent.client import AgentError
+from localcluster.pools import Pool
 from tests.operator.support import Api, OperatorProcess, install_crds
 
 
@@ -48,3 +51,38 @@ def running_operator(operator: OperatorProcess) -> Iterator[OperatorProcess]:
     if operator.process is None or operator.process.poll() is not None:
         operator.start()
     yield operator
+
+
+@pytest.fixture
+def tpu_pools(cluster, namespace) -> Iterator[Callable[[int], list[str]]]:
+    """``tpu_pools(n)``: n fresh v4 2x2x2 pools (2 VMs each), named uniquely for this
+    test (pods left over by a test stay pinned to its pools' names, so a later test never
+    reuses one); removed after the test, the namespace's jobs and slices deleted first."""
+    added: list[str] = []
+
+    def add(count: int) -> list[str]:
+        tag = uuid.uuid4().hex[:4]
+        names = [f"ho{tag}-{chr(ord('a') + i)}" for i in range(count)]
+        for name in names:
+            cluster.agent.add_pool(
+                Pool(
+                    name=name,
+                    vms=2,
+                    accelerator="tpu-v4-podslice",
+                    topology="2x2x2",
+                    chips_per_vm=4,
+                )
+            )
+            added.append(name)
+        return names
+
+    yield add
+    cluster.kubectl(
+        "delete", "tpujobs,tpuslices", "--all", "-n", namespace, "--wait=false", check=False
+    )
+    for name in added:
+        try:
+            cluster.agent.remove_pool(name)
+        except AgentError as error:
+            if error.status != 404:
+                raise

@@ -34,8 +34,7 @@ import socket
 import ssl
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,8 +42,6 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
-from localcluster.agent.client import AgentError
-from localcluster.pools import Pool
 from localcluster.testing import wait_until
 from tests.operator.support import JOBS, SLICES, Api, OperatorProcess
 from tpu_operator import contract
@@ -444,41 +441,6 @@ class StatusLog:
 
 
 # Fixtures and helpers ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def tpu_pools(cluster, namespace) -> Iterator[Callable[[int], list[str]]]:
-    """``tpu_pools(n)``: n fresh v4 2x2x2 pools (2 VMs each), named uniquely for this
-    test (pods left over by a test stay pinned to its pools' names, so a later test never
-    reuses one); removed after the test, the namespace's jobs and slices deleted first."""
-    added: list[str] = []
-
-    def add(count: int) -> list[str]:
-        tag = uuid.uuid4().hex[:4]
-        names = [f"ho{tag}-{chr(ord('a') + i)}" for i in range(count)]
-        for name in names:
-            cluster.agent.add_pool(
-                Pool(
-                    name=name,
-                    vms=2,
-                    accelerator="tpu-v4-podslice",
-                    topology="2x2x2",
-                    chips_per_vm=4,
-                )
-            )
-            added.append(name)
-        return names
-
-    yield add
-    cluster.kubectl(
-        "delete", "tpujobs,tpuslices", "--all", "-n", namespace, "--wait=false", check=False
-    )
-    for name in added:
-        try:
-            cluster.agent.remove_pool(name)
-        except AgentError as error:
-            if error.status != 404:
-                raise
 
 
 def phase_of(tpu: Api, namespace: str, name: str) -> str:

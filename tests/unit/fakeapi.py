@@ -4,7 +4,7 @@
 way the apiserver does where the reconcilers depend on it: 409 on a create of an existing
 name and on a status write whose resourceVersion is stale, merge patches (RFC 7386),
 graceful pod deletion (a deletionTimestamp first, gone when the test says the kubelet
-confirmed), collection deletes by label and phase. Every request is recorded, so tests
+confirmed). Every request is recorded, so tests
 count status writes and conflicts per scenario.
 
 The watch caches are built from the stored objects with the operator's own kopf index
@@ -250,19 +250,6 @@ class FakeCluster:
             obj["metadata"].setdefault("deletionTimestamp", stamp(self.now))
         else:
             self._remove(path)
-
-    async def delete_collection(
-        self, path: str, *, label_selector: str, field_selector: str | None = None
-    ) -> None:
-        self.requests.append(Request("DELETE", path, 200))
-        for key, obj in list(self.objects.items()):
-            if not key.startswith(path + "/"):
-                continue
-            if not _selected(obj["metadata"].get("labels") or {}, label_selector):
-                continue
-            if field_selector and obj.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-                continue
-            obj["metadata"].setdefault("deletionTimestamp", stamp(self.now))
 
     def _remove(self, path: str, collect: bool = True) -> None:
         obj = self.objects.pop(path)
@@ -519,12 +506,21 @@ class FakeCluster:
             kind: defaultdict(list) for kind in ("slices", "jobs", "nodes")
         }
         pods = PODS.store()
-        for key, obj in self._cached_objects().items():
+        shown = self._cached_objects()
+        owners = self.caches.owners  # the TPUSlices known by UID, as kopf's index tells them
+        slices = {
+            o["metadata"]["uid"]: o for k, o in shown.items() if f"/{contract.SLICE_PLURAL}/" in k
+        }
+        for uid in owners.live_uids() - slices.keys():
+            owners.gone(uid)
+        for body in slices.values():
+            owners.known(body)
+        for key, obj in shown.items():
             if key.startswith("/api/v1/nodes/"):
                 node = node_view(obj)
                 kind, keys = "nodes", node_keys(node)
             elif "/pods/" in key:
-                view = pod_view(obj)
+                view = pod_view(obj, owners.ownership)
                 if view is not None:  # the operator's own pod store, with its counts
                     pods.put(identity_of(obj), view)
                     self.ctx.pods_in_flight.seen(view)  # as the pod event handler does
@@ -553,6 +549,7 @@ class FakeCluster:
             nodes=indexes["nodes"],
         )
         self.caches.tombstones = tombstones
+        self.caches.owners = owners
 
     def reconcile_job(self, name: str) -> float | None:
         self._index()

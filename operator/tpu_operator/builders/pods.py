@@ -4,7 +4,8 @@ Merge rules between the user's pod template and what the operator sets:
 
 - Identity and wiring are the operator's: name, ``hostname`` (= pod name), ``subdomain``
   (the headless Service), ``restartPolicy: Never``, owner reference, and the labels
-  ``tpu-operator.dev/*`` (template labels are kept beside them).
+  ``tpu-operator.dev/*`` (the template's labels and annotations are kept beside them, but
+  for any of the operator's own prefix).
 - Node selectors merge: the operator's keys (accelerator, topology, node pool or, for a
   pool GKE is to create for the slice, ``tpu-operator.dev/slice-pool``, spot,
   reservation) win, other template keys stay. ``placement.spot: false`` becomes a required
@@ -198,6 +199,13 @@ def _worker_container(container: dict[str, Any], wiring: PodWiring) -> dict[str,
     return worker
 
 
+def _users(values: dict[str, str] | None) -> dict[str, str]:
+    """A template's labels or annotations, less the operator's own (``tpu-operator.dev/``):
+    only the operator says what those are (a template's ``supervised`` annotation would
+    otherwise pass for the operator's)."""
+    return {k: v for k, v in (values or {}).items() if not k.startswith(contract.PREFIX)}
+
+
 def worker_pod(
     *,
     namespace: str,
@@ -212,7 +220,7 @@ def worker_pod(
     container runs the supervisor, builders/supervision.py)."""
     template_meta = template.get("metadata") or {}
     spec = copy.deepcopy(template.get("spec") or {})
-    labels = dict(template_meta.get("labels") or {})
+    labels = _users(template_meta.get("labels"))
     labels.update(pod_labels(wiring, extra_labels))
     metadata: dict[str, Any] = {
         "name": wiring.pod_name,
@@ -220,8 +228,8 @@ def worker_pod(
         "labels": labels,
         "ownerReferences": [owner.reference()],
     }
-    if template_meta.get("annotations"):
-        metadata["annotations"] = dict(template_meta["annotations"])
+    if annotations := _users(template_meta.get("annotations")):
+        metadata["annotations"] = annotations
 
     spec["hostname"] = wiring.pod_name
     spec["subdomain"] = wiring.service

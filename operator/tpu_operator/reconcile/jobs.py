@@ -74,6 +74,7 @@ from tpu_operator.reconcile.pools import (
 )
 from tpu_operator.reconcile.queueing import Queueing
 from tpu_operator.runtime.kube import ApiError, namespaced, send_all
+from tpu_operator.runtime.ownership import slice_job
 from tpu_operator.state.gang import (
     FOLLOW_ON_EXIT_CODES,
     GangState,
@@ -195,9 +196,11 @@ class JobRun:
         self.policy = spec.failure_policy or FailurePolicy()
         self.now = ctx.clock()
         self.requeue: float | None = None
+        uid = meta["uid"]
         self.slices = {
             int((s.get("spec") or {}).get("sliceIndex", 0)): s
             for s in ctx.caches.slices_of_job(self.namespace, self.name)
+            if slice_job(s) == (self.name, uid)  # a slice belongs to a job by UID
         }
         self.conditions = [c.wire() for c in self.status.conditions]
         self.pending_events: list[tuple[str, str, str]] = []
@@ -1118,6 +1121,7 @@ class JobRun:
             pod, why = state.unschedulable
             message = f"pod {pod} cannot be scheduled: {why}"
             message += "".join(f"; {gone}" for gone in self.pools_gone)
+            message += self._others_on_pools()
             status.message = f"attempt {attempt}: {message}"
             if not self._condition_is(ConditionType.PODS_SCHEDULED, False):
                 self._event("Warning", Reason.UNSCHEDULABLE, message)
@@ -1144,6 +1148,29 @@ class JobRun:
             self._stragglers()
             if not self._condition_is(ConditionType.STALLED, True):
                 self._condition(ConditionType.STALLED, False, Reason.PROGRESSING)
+
+    def _others_on_pools(self) -> str:
+        """Pods with the operator's labels that are not its workers, on the job's pools
+        (pinned to one or on one of its nodes): they compete for the chips like any pod,
+        and may be why the workers do not schedule (``runtime/ownership.py``)."""
+        pools = [p for p in self.status.node_pools or [] if not is_claim(p)]
+        if not pools:
+            return ""
+        caches = self.ctx.caches
+        nodes_by_pool: dict[str, list[str]] = {}
+        for node in caches.tpu_nodes():
+            if node.pool in pools:
+                nodes_by_pool.setdefault(node.pool, []).append(node.name)
+        found = [
+            f"{p.namespace}/{p.name}" + (f" on node {p.node}" if p.node else f" pinned to {pool}")
+            for pool in pools
+            for p in caches.foreign_pods(pool, nodes_by_pool.get(pool, ()))
+            if not p.terminal
+        ]
+        if not found:
+            return ""
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        return f"; pods that are not this job's workers are on its node pools: {shown}"
 
     def _disruption_notices(self, attempt: int) -> None:
         """GKE's notices of maintenance or termination of the nodes of a running attempt:

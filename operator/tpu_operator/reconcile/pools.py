@@ -55,7 +55,7 @@ from tpu_operator.placement.pools import (
 )
 from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_of, claim_ref, claim_value
 from tpu_operator.reconcile.context import Context
-from tpu_operator.runtime.caches import slice_job_name
+from tpu_operator.runtime.ownership import slice_job_name
 from tpu_operator.state.views import PodView
 
 POOL_RETRY_SECONDS = 15.0

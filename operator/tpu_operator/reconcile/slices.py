@@ -62,8 +62,9 @@ from tpu_operator.reconcile.pools import (
     slice_pool_values,
     stopping_count,
 )
-from tpu_operator.runtime.caches import owned_by, slice_job_name, slice_sharing
+from tpu_operator.runtime.caches import slice_sharing
 from tpu_operator.runtime.kube import ApiError, namespaced, send_all
+from tpu_operator.runtime.ownership import owned_by, slice_job_name
 from tpu_operator.state.gang import (
     GangState,
     Member,
@@ -221,7 +222,7 @@ class SliceRun:
         stopping = spec.suspend or target == 0
         await self._delete_stale(state)
         if stopping:
-            await self._stop_active(state, target)
+            await self._stop_active(state)
 
         node_pool = spec.node_pool or status.node_pool
         waiting_for = ""
@@ -333,18 +334,14 @@ class SliceRun:
         await self.ctx.kube.delete(path, uid=pod.uid)
         self.ctx.deleted_pods.requested(pod.uid)
 
-    async def _stop_active(self, state: GangState, target: int) -> None:
-        if not any(not p.deleting for p in state.active):
-            await self._force_stuck([p for p in state.active if p.deleting])
-            return
-        selector = (
-            f"{contract.LABEL_SLICE_NAME}={self.name},{contract.LABEL_RESTART_ATTEMPT}={target}"
-        )
-        await self.ctx.kube.delete_collection(
-            namespaced(self.namespace, "pods"),
-            label_selector=selector,
-            field_selector="status.phase!=Succeeded,status.phase!=Failed",
-        )
+    async def _stop_active(self, state: GangState) -> None:
+        """Delete the running pods of a stopping slice, one DELETE per pod guarded by its
+        UID (as ``_delete_stale``): a collection DELETE by label would also take pods that
+        only carry the slice's labels (``runtime/ownership.py``)."""
+        deleted = self.ctx.deleted_pods
+        doomed = [p for p in state.active if not p.deleting and not deleted.awaited(p.uid)]
+        await send_all(self._delete(p) for p in doomed)
+        await self._force_stuck([p for p in state.active if p.deleting])
 
     async def _force_stuck(self, deleting: list[PodView]) -> None:
         """Force-delete pods whose node is gone or not ready, past their deletion deadline."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -49,7 +50,7 @@ from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
 from tpu_operator.runtime.listwatch import NODES, PODS, Kind, ListWatch, OnEvent, Store
 from tpu_operator.runtime.workqueue import WorkQueue
 from tpu_operator.state.gang import may_end_attempt
-from tpu_operator.state.views import NodeView, PodView
+from tpu_operator.state.views import ORPHAN, NodeView, PodView, pod_view
 
 log = logging.getLogger(__name__)
 LISTED_POLL_SECONDS = 1.0
@@ -141,7 +142,14 @@ class Runtime:
 
             return ListWatch(kind, self.kube, kube_config, store, on_event, count=count, **options)
 
-        self.pod_watch = watch(PODS, pods, self.pod_event, namespaces=config.namespaces)
+        owners = self.caches.owners
+        self.pod_watch = watch(
+            PODS,
+            pods,
+            self.pod_event,
+            namespaces=config.namespaces,
+            view=lambda document: pod_view(document, owners.ownership),
+        )
         self.node_watch = watch(NODES, nodes, self.node_event, on_listed=self._nodes_listed)
         self.audit = CacheAudit(
             self.kube,
@@ -277,6 +285,9 @@ class Runtime:
         stops and deletions of an attempt the job has left, but for its last pod. The
         event that makes the last pod of one slice of a job ready is not routine for that
         slice (it moves the slice's phase)."""
+        if not view.own:
+            self._other_pod_event(type, view)
+            return
         if type == "DELETED":
             self.caches.tombstones.record(view)  # a standby keeps them too
         elif view.pool is not None:
@@ -307,6 +318,32 @@ class Runtime:
         freed = view.pool and (type == "DELETED" or view.terminal)
         if freed and not any(p.active for p in self.caches.pods_in_pool(view.pool or "")):
             self.wake_waiting()
+
+    def _other_pod_event(self, type: str | None, view: PodView) -> None:
+        """A pod that is not the operator's worker (``runtime/ownership.py``): it wakes
+        nothing, but the last orphan leaving a pool frees it."""
+        if not self.acting or view.ownership != ORPHAN or not view.pool:
+            return
+        freed = type == "DELETED" or view.terminal
+        if freed and not any(p.active for p in self.caches.pods_in_pool(view.pool)):
+            self.wake_waiting()
+
+    def slice_known(self, body: Any) -> None:
+        """A TPUSlice was listed or changed (kopf's index): pods seen before it, filed as
+        not the operator's, are its workers after all (``runtime/ownership.py``)."""
+        owners = self.caches.owners
+        if not owners.known(body):
+            return
+        uid = (body.get("metadata") or {}).get("uid")
+        store = self.pod_watch.store
+        for view in list(store.get(("owner", uid), ())):
+            ownership = owners.ownership(
+                view.owner, view.namespace, view.slice_name, view.job_name, view.deleting
+            )
+            if ownership != view.ownership:
+                refiled = dataclasses.replace(view, ownership=ownership)
+                store.put((view.namespace, view.name, view.uid), refiled)
+                self.pod_event(None, refiled)
 
     def _left_behind(self, view: PodView) -> bool:
         """Whether ``view`` is a pod of an attempt its job has already left: while a gang
@@ -495,8 +532,10 @@ class Runtime:
             self.slices.add((body["metadata"]["namespace"], body["metadata"]["name"]))
 
     def slice_gone(self, body: Any) -> None:
-        """A TPUSlice was deleted: a pool its record held and no pod is on frees with it
-        (its pods, if any, wake the waiters when the last one goes: ``pod_event``)."""
+        """A TPUSlice was deleted: its pods stay the operator's while they go
+        (``runtime/ownership.py``), and a pool its record held and no pod is on frees with
+        it (its pods, if any, wake the waiters when the last one goes: ``pod_event``)."""
+        self.caches.owners.gone((body.get("metadata") or {}).get("uid") or "")
         pools = slice_pool_records(body)
         if any(not any(p.active for p in self.caches.pods_in_pool(pool)) for pool in pools):
             self.wake_waiting()
@@ -550,6 +589,7 @@ class Runtime:
         while True:
             await asyncio.sleep(self.config.resync_seconds)
             self.caches.tombstones.prune()
+            self.caches.owners.prune()
             self._forget_gone()
 
     async def _trim(self) -> None:

@@ -42,8 +42,9 @@ from typing import Any, Protocol
 
 from tpu_operator import contract
 from tpu_operator.runtime import collector
-from tpu_operator.runtime.caches import Caches, Identity, slice_job_name
+from tpu_operator.runtime.caches import Caches, Identity
 from tpu_operator.runtime.kube import ApiError, Kube, RequestRecord, namespaced
+from tpu_operator.runtime.ownership import slice_job_name
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,11 @@ kopf keeps an index of TPUJobs and TPUSlices (and Kueue Workloads), the operator
 list-and-watch (``runtime/listwatch.py``) a store of worker pods and TPU nodes; every one is
 filled before anything reconciles and maps a key to a collection of values; the keys:
 
-- pods: ("slice", ns, slice) / ("job", ns, job) (job-owned pods only) / ("node", node) /
-  ("pool", node pool the pod is pinned to) -> PodView; and, counted per job, the restart
+- pods (the operator's own, ``runtime/ownership.py``): ("slice", ns, slice) / ("job", ns,
+  job) (job-owned pods only) / ("node", node) / ("pool", node pool the pod is pinned to)
+  -> PodView (orphans, being deleted, under their node and pool only; pods that only look
+  like workers under ("foreign-pool", pool) / ("foreign-node", node), and both kinds under
+  ("owner", TPUSlice UID)); and, counted per job, the restart
   attempts its pods belong to (``attempts_of_job``) and, per attempt, its pods that are
   neither ready nor finished (``unready_pods``; per slice of a job: ``unready_in_slice``);
   ("leaders", ns, job) -> worker 0 of each of the job's slices
@@ -36,11 +39,13 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from tpu_operator import contract
+from tpu_operator.runtime.ownership import SliceOwners, slice_job_name
 from tpu_operator.state.views import NodeView, PodView
 
 Index = Mapping[Any, Collection[Any]]
 TOMBSTONE_TTL = 3600.0
+"""How long deleted pods' last states (and deleted TPUSlices' UIDs: ``SliceOwners``)
+are kept."""
 KINDS = ("pods", "slices", "jobs", "nodes")
 """The watched kinds, as ``entries`` and ``forget`` name them."""
 Identity = tuple[str | None, str, str]
@@ -136,6 +141,8 @@ class Caches:
         self._jobs = jobs
         self._nodes = nodes
         self.tombstones = Tombstones()
+        self.owners = SliceOwners()
+        """The TPUSlices known by UID: which pods are the operator's (``ownership.py``)."""
         self._kopf_indexes = {"slices": slices, "jobs": jobs}
         self._workloads: Index | None = None
         self._node_snapshot: NodeSnapshot | None = None
@@ -174,6 +181,8 @@ class Caches:
         if discard is None:
             raise TypeError(f"{type(index).__name__} cannot drop entries (kopf changed?)")
         discard(identity)
+        if kind == "slices":
+            self.owners.gone(identity[2])
 
     # TPUJobs
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -273,6 +282,14 @@ class Caches:
         """Worker pods pinned to ``pool`` that still exist (any owner, any phase)."""
         return _values(self._pods, ("pool", pool))
 
+    def foreign_pods(self, pool: str, nodes: Iterable[str] = ()) -> list[PodView]:
+        """Pods with the operator's labels that are not its workers (``ownership.py``),
+        pinned to ``pool`` or running on one of ``nodes``: they compete for its chips."""
+        found = {p.uid: p for p in self._pods.get(("foreign-pool", pool), ())}
+        for node in nodes:
+            found.update((p.uid, p) for p in self._pods.get(("foreign-node", node), ()))
+        return list(found.values())
+
     def pinned_pools(self) -> Iterable[str]:
         """Node pools that some existing worker pod is pinned to."""
         for key in list(self._pods):
@@ -328,36 +345,6 @@ class Caches:
         snapshot = self._nodes_now()
         by_name, not_ready = snapshot.by_name, snapshot.not_ready
         return frozenset(n for n in names if n and (n in not_ready or n not in by_name))
-
-
-def slice_job_name(body: Mapping[str, Any]) -> str | None:
-    """The TPUJob that owns a TPUSlice (from its controller owner reference), if any."""
-    owner = slice_job(body)
-    return owner[0] if owner is not None else None
-
-
-def slice_job(body: Mapping[str, Any]) -> tuple[str, str] | None:
-    """Name and UID of the TPUJob that owns a TPUSlice (its controller owner reference)."""
-    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("kind") == contract.JOB_KIND and ref.get("controller"):
-            return ref.get("name"), str(ref.get("uid", ""))
-    return None
-
-
-def owned_by(job: Mapping[str, Any] | None, slice_body: Mapping[str, Any]) -> bool:
-    """Whether ``job`` (a cached TPUJob) exists, is not being deleted and is the TPUJob the
-    slice's controller owner reference names, by UID (a job deleted and created again
-    under the same name is another job)."""
-    if job is None:
-        return False
-    meta = job.get("metadata") or {}
-    owner = slice_job(slice_body)
-    return (
-        owner is not None
-        and not meta.get("deletionTimestamp")
-        and owner[0] == meta.get("name")
-        and owner[1] == meta.get("uid")
-    )
 
 
 def slice_sharing(body: Mapping[str, Any]) -> int:

@@ -346,14 +346,6 @@ class Kube:
                 return items
             query["continue"] = token
 
-    async def delete_collection(
-        self, path: str, *, label_selector: str, field_selector: str | None = None
-    ) -> None:
-        query = {"labelSelector": label_selector}
-        if field_selector:
-            query["fieldSelector"] = field_selector
-        await self.request("DELETE", path, query=query)
-
 
 async def send_all(requests: Iterable[Awaitable[Any]]) -> None:
     """Send every request at once (the client's semaphore bounds how many are in flight),

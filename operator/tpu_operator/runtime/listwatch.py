@@ -56,7 +56,7 @@ from tpu_operator.state.documents import (
     WatchEvent,
     metadata_of,
 )
-from tpu_operator.state.views import NodeView, PodView, node_view, pod_view
+from tpu_operator.state.views import ORPHAN, NodeView, PodView, node_view, pod_view
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,26 @@ by etcd's default request size)."""
 
 
 def pod_keys(view: PodView) -> Keys:
-    """The index keys of a worker pod (``runtime/caches.py``)."""
-    keys: Keys = {("slice", view.namespace, view.slice_name): view}
+    """The index keys of a worker pod (``runtime/caches.py``). A pod that is not the
+    operator's (``runtime/ownership.py``) is filed under its owner's UID (to be filed again
+    when that TPUSlice is known) and, foreign, under its pool and node as such; an orphan
+    under its pool and node, which it occupies until it is gone."""
+    keys: Keys = {}
+    if not view.own:
+        if view.owner:
+            keys[("owner", view.owner)] = view
+        if view.ownership == ORPHAN:
+            if view.pool:
+                keys[("pool", view.pool)] = view
+            if view.node:
+                keys[("node", view.node)] = view
+            return keys
+        if view.pool:
+            keys[("foreign-pool", view.pool)] = view
+        if view.node:
+            keys[("foreign-node", view.node)] = view
+        return keys
+    keys[("slice", view.namespace, view.slice_name)] = view
     if view.job_owned:
         keys[("job", view.namespace, view.job_name)] = view
         if view.worker_index == 0:
@@ -104,6 +122,8 @@ def pod_tally(view: PodView) -> Tallied:
       of one slice of a job, ready is then told from the others in O(1)
       (``Runtime.pod_event``).
     """
+    if not view.own:
+        return ()
     if view.ready or view.terminal:
         if view.job_owned:
             return ((("job", view.namespace, view.job_name), view.attempt),)
@@ -120,7 +140,10 @@ def pod_tally(view: PodView) -> Tallied:
 
 def pod_slice(view: PodView) -> tuple[str, str, str]:
     """The index key of a pod's slice: the pod store versions what is filed under it
-    (``Store.version``, read by ``reconcile/gangs.py``)."""
+    (``Store.version``, read by ``reconcile/gangs.py``); a pod not the operator's moves
+    no slice's version."""
+    if not view.own:
+        return ("not-own", view.namespace, view.slice_name)
     return ("slice", view.namespace, view.slice_name)
 
 
@@ -385,8 +408,12 @@ class ListWatch:
         namespaces: Collection[str] = (),
         on_listed: Callable[[int], None] | None = None,
         count: Callable[[], None] | None = None,
+        view: Callable[[Any], Any] | None = None,
     ) -> None:
         self.kind = kind
+        self.view = view or kind.view
+        """An object's view (the kind's, unless the runtime decides more: a pod's
+        ownership, ``runtime/ownership.py``)."""
         self.count = count
         """Called for every object listed and every watch event (a metric)."""
         self.kube = kube
@@ -415,7 +442,7 @@ class ListWatch:
         if self.count is not None:
             self.count()
         ident = identity(document)
-        view = self.kind.view(document)
+        view = self.view(document)
         if view is None:
             return ident, None, False
         old = self.store.put(ident, view)
@@ -584,7 +611,7 @@ class ListWatch:
         if kind == "DELETED":
             if self.count is not None:
                 self.count()
-            view = self.kind.view(document)
+            view = self.view(document)
             self.store.discard(identity(document))
             changed = True
         else:

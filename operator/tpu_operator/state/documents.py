@@ -27,6 +27,14 @@ class _Doc(msgspec.Struct, gc=False):
     garbage collector need not track them (most are dropped as soon as a view is built)."""
 
 
+class OwnerReference(_Doc):
+    apiVersion: str = ""
+    kind: str = ""
+    name: str = ""
+    uid: str = ""
+    controller: bool | None = None
+
+
 class Metadata(_Doc):
     """Field names are the API's (camelCase), so that no renaming is needed."""
 
@@ -38,6 +46,7 @@ class Metadata(_Doc):
     deletionTimestamp: str | None = None
     labels: dict[str, str] | None = None
     annotations: dict[str, str] | None = None
+    ownerReferences: list[OwnerReference] | None = None
 
 
 class Condition(_Doc):

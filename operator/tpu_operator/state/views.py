@@ -7,7 +7,7 @@ hundred bytes each, and every assessment reads only these fields.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -20,6 +20,7 @@ from tpu_operator.state.documents import (
     NodeDocument,
     NodeSpec,
     NodeStatus,
+    OwnerReference,
     PodDocument,
     PodSpec,
     PodStatus,
@@ -70,6 +71,25 @@ def _int(value: object, default: int = -1) -> int:
         return default
 
 
+OWN = "own"
+"""A worker pod of a TPUSlice the operator knows (its controller owner reference, by UID,
+and labels that agree with that slice): counted in its gang, held in its pools, stopped,
+restarted and deleted by the operator."""
+ORPHAN = "orphan"
+"""A pod of a TPUSlice that is gone and that the operator does not remember (deleted
+before this process started), being deleted by the garbage collector: it holds its pool
+until it is gone, and nothing else."""
+FOREIGN = "foreign"
+"""A pod that carries the operator's labels and is not its worker (no TPUSlice controller
+owner it knows, or labels that name another slice or job): it grants nothing. It
+competes for chips like any pod, and is named when it is why workers do not schedule."""
+
+Trusts = Callable[[str | None, str, str, str, bool], str]
+"""How a pod is told apart (``runtime/ownership.SliceOwners.ownership``): from its
+controller TPUSlice UID, namespace, slice and job labels and whether it is being deleted,
+one of ``OWN``, ``ORPHAN``, ``FOREIGN``."""
+
+
 @dataclass(frozen=True, slots=True)
 class PodView:
     name: str
@@ -109,6 +129,10 @@ class PodView:
     """When the pod's Ready condition last turned False (while it is False)."""
     worker_started: str | None = None
     """When the worker container started running (while it runs)."""
+    owner: str | None = None
+    """UID of the TPUSlice its controller owner reference names (None: none)."""
+    ownership: str = OWN
+    """``OWN``, ``ORPHAN`` or ``FOREIGN`` (decided when the view is built: ``Trusts``)."""
     awaiting_scheduler: str | None = None
     """The pod's ``schedulerName`` while no scheduler has looked at it: Pending, on no
     node, without a PodScheduled condition (a scheduler sets one at its first attempt, the
@@ -138,6 +162,11 @@ class PodView:
     @property
     def deleting(self) -> bool:
         return self.deletion_deadline is not None
+
+    @property
+    def own(self) -> bool:
+        """The operator's worker (``OWN``)."""
+        return self.ownership == OWN
 
     @property
     def job_owned(self) -> bool:
@@ -189,17 +218,39 @@ NO_POD_STATUS = PodStatus()
 NO_POD_SPEC = PodSpec()
 
 
-def pod_view(body: PodDocument | Mapping[str, Any]) -> PodView | None:
+def slice_owner(refs: list[OwnerReference] | None) -> str | None:
+    """UID of the TPUSlice a pod's controller owner reference names, if it names one."""
+    for ref in refs or ():
+        if (
+            ref.controller
+            and ref.kind == contract.SLICE_KIND
+            and ref.apiVersion.split("/")[0] == contract.GROUP
+        ):
+            return ref.uid
+    return None
+
+
+def pod_view(body: PodDocument | Mapping[str, Any], trusts: Trusts | None = None) -> PodView | None:
     """The view of a worker pod, or None for a pod without the operator's labels.
 
     ``body``: the pod as decoded by the watch (``state/documents.py``), or as plain JSON
-    (converted first)."""
+    (converted first). ``trusts``: how the pod is told apart from look-alikes (every pod
+    is ``OWN`` without it: tests and tools that build views of pods they made)."""
     pod = body if isinstance(body, PodDocument) else to_document(body, PodDocument)
     meta = pod.metadata or EMPTY_METADATA
     labels = meta.labels or {}
     slice_name = labels.get(contract.LABEL_SLICE_NAME)
     if not slice_name:
         return None
+    owner = slice_owner(meta.ownerReferences)
+    job_name = labels.get(contract.LABEL_JOB_NAME, slice_name)
+    ownership = (
+        OWN
+        if trusts is None
+        else trusts(
+            owner, meta.namespace or "", slice_name, job_name, meta.deletionTimestamp is not None
+        )
+    )
     status = pod.status or NO_POD_STATUS
     conditions = {c.type: c for c in status.conditions or ()}
     ready_condition = conditions.get("Ready", NO_CONDITION)
@@ -241,7 +292,7 @@ def pod_view(body: PodDocument | Mapping[str, Any]) -> PodView | None:
         name=meta.name,
         namespace=_shared(meta.namespace or ""),
         uid=meta.uid,
-        job_name=_shared(labels.get(contract.LABEL_JOB_NAME, slice_name)),
+        job_name=_shared(job_name),
         slice_name=_shared(slice_name),
         slice_index=_int(labels.get(contract.LABEL_SLICE_INDEX), 0),
         worker_index=_int(labels.get(contract.LABEL_WORKER_INDEX)),
@@ -263,6 +314,8 @@ def pod_view(body: PodDocument | Mapping[str, Any]) -> PodView | None:
         supervised=(meta.annotations or {}).get(contract.ANNOTATION_SUPERVISED) == "true",
         not_ready_since=_shared(not_ready_since),
         worker_started=_shared(worker_started),
+        owner=owner,
+        ownership=ownership,
         awaiting_scheduler=_shared(awaiting_scheduler),
     )
 
