@@ -119,10 +119,11 @@ def _handler(
         timeout = READ_TIMEOUT_S
         server: _Server
         accepted: sv.Accepted | None = None
+        bounded: _Bounded
 
         def setup(self) -> None:
             super().setup()
-            self.rfile = _Bounded(self.rfile, MAX_HEAD_BYTES + sv.MAX_BODY_BYTES)
+            self.rfile = self.bounded = _Bounded(self.rfile, MAX_HEAD_BYTES)
 
         def handle(self) -> None:
             self.handle_one_request()  # one request per connection
@@ -157,6 +158,7 @@ def _handler(
             if length < 0 or length > sv.MAX_BODY_BYTES:
                 self._error(413, f"body over {sv.MAX_BODY_BYTES} bytes")
                 return None
+            self.bounded.allow(length)
             body = self.rfile.read(length) if length else b""
             if len(body) != length:
                 self.close_connection = True
@@ -217,8 +219,9 @@ def _handler(
 
 
 class _Bounded(io.BufferedIOBase):
-    """A request's input stream that ends after ``limit`` bytes (a bound on the memory
-    one connection can make the server hold)."""
+    """A request's input stream that ends after ``limit`` bytes (the request line and
+    headers), then after the body's length once it is allowed: a bound on the memory one
+    connection can make the server hold."""
 
     def __init__(self, raw: io.BufferedIOBase, limit: int) -> None:
         super().__init__()
@@ -227,6 +230,10 @@ class _Bounded(io.BufferedIOBase):
 
     def readable(self) -> bool:
         return True
+
+    def allow(self, size: int) -> None:
+        """From now on, ``size`` more bytes (the body)."""
+        self._left = size
 
     def _room(self, size: int | None) -> int:
         return self._left if size is None or size < 0 else min(size, self._left)
