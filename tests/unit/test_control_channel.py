@@ -4,7 +4,7 @@ decompressed or redirected, every request ends within its timeout, and one job's
 never take the whole channel.
 
 Each "supervisor" is a small asyncio HTTP server in this process on 127.0.0.1 (the real
-supervisor and hostile ones as separate processes: tests/worker/test_control_attacks.py).
+supervisor and hostile ones as separate processes: tests/worker/test_supervisor_attacks.py).
 """
 
 from __future__ import annotations
