@@ -249,13 +249,13 @@ def test_supervisors_that_never_answer_or_flood_do_not_hold_up_another_job(
     assert first["restartKind"] == "Recreate"
 
     # Another job's in-place restart, while the hostile one keeps being asked.
+    hostile_before = tpu.status(namespace, "hostile")["restarts"]
     manifest, _ = demo_job(
         namespace, "honest", "--steps=100000", env=exits_once(step=12, process=1)
     )
     tpu.apply(manifest)
     running_attempt(tpu, namespace, "honest", 1, timeout=240)
     before = identities(tpu, namespace)
-    hostile_before = tpu.status(namespace, "hostile")["restarts"]
     status = running_attempt(tpu, namespace, "honest", 2, timeout=240)
     assert status["restartKind"] == "InPlace"
     honest_now = {k: v for k, v in identities(tpu, namespace).items() if k.startswith("honest")}
