@@ -7,11 +7,12 @@ of the watched namespace that carries ``tpu-operator.dev/supervised=true`` it li
 ``<podIP>:contract.DEFAULT_CONTROL_PORT`` (every 127.x.y.z address is local on Linux) and
 speaks the supervisor's protocol (``tpu_operator.supervision``): ``GET /readyz``, and the
 HMAC-signed ``GET /v1/status``, ``POST /v1/stop``, ``POST /v1/start`` and
-``POST /v1/checkpoint``, verified with ``supervision.Verifier`` and the job's key
-``derive_job_key(master, job_uid)``. Its "training process" is a state per pod with the
-real supervisor's rules (``tpu_worker.supervisor``): a stop ends the process of that
-attempt or older at once (409 for a newer one); a start runs the attempt unless that
-attempt or a newer one runs or ran (409 while an older one still runs).
+``POST /v1/checkpoint``, verified with ``supervision.Verifier`` for the pod's UID and the
+job's key ``derive_job_key(master, job_uid)``, its answers signed. Its "training
+process" is a state per pod with the real supervisor's rules (``tpu_worker.supervisor``):
+a stop ends the process of that attempt or older at once (409 for a newer one); a start
+runs the attempt unless that attempt or a newer one runs or ran (409 while an older one
+still runs).
 
 It also plays the kubelet's readiness prober for those pods: whenever a process starts or
 ends it patches the pod's ``Ready`` and ``ContainersReady`` conditions (status
@@ -167,7 +168,9 @@ class StandIn:
         self.master_key = master_key
         self.port = port
         self.procs: dict[str, Process] = {}
+        self.keys: dict[str, bytes] = {}
         self.verifiers: dict[str, sv.Verifier] = {}
+        """By pod UID."""
         self.job_uids: dict[str, str] = {}
         self.events: list[Event] = []
         self.errors: list[str] = []
@@ -179,9 +182,8 @@ class StandIn:
 
     def register(self, job_name: str, job_uid: str) -> None:
         """The job whose pods are served (its key is derived from its UID)."""
-        key = sv.derive_job_key(self.master_key, job_uid)
         self.job_uids[job_name] = job_uid
-        self.verifiers[job_name] = sv.Verifier(lambda: key)
+        self.keys[job_name] = sv.derive_job_key(self.master_key, job_uid)
 
     def on_pod(self, kind: str, pod: dict[str, Any]) -> None:
         """A watch event of a pod of the namespace (called by the benchmark's watch)."""
@@ -254,6 +256,7 @@ class StandIn:
 
     def _forget(self, uid: str) -> None:
         proc = self.procs.pop(uid, None)
+        self.verifiers.pop(uid, None)
         if proc is not None and proc.server is not None:
             proc.server.close()
             proc.server = None
@@ -307,11 +310,12 @@ class StandIn:
                 length = int(headers.get("content-length") or 0)
                 body = await reader.readexactly(length) if length else b""
                 path = target.split("?", 1)[0]
-                code, payload, content_type = self._answer(
+                code, payload, content_type, signature = self._answer(
                     proc, method, path, headers.get("authorization"), body
                 )
+                signed = f"{sv.ANSWER_HEADER}: {signature}\r\n" if signature else ""
                 head = (
-                    f"HTTP/1.1 {code} {'OK' if code == 200 else 'Error'}\r\n"
+                    f"HTTP/1.1 {code} {'OK' if code == 200 else 'Error'}\r\n{signed}"
                     f"Content-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n\r\n"
                 )
                 writer.write(head.encode() + payload)
@@ -323,23 +327,38 @@ class StandIn:
 
     def _answer(
         self, proc: Process, method: str, path: str, auth: str | None, body: bytes
-    ) -> tuple[int, bytes, str]:
+    ) -> tuple[int, bytes, str, str | None]:
+        """The answer: code, body, content type and signature."""
         if method == "GET" and path == sv.READY_PATH:
             ok = proc.ready
-            return (200, b"ok", "text/plain") if ok else (503, b"not running", "text/plain")
+            return (
+                (200, b"ok", "text/plain", None)
+                if ok
+                else (503, b"not running", "text/plain", None)
+            )
         if path not in sv.AUTHENTICATED_PATHS:
-            return 404, json.dumps({"error": f"no such path {path!r}"}).encode(), "application/json"
-        verifier = self.verifiers.get(proc.job) or sv.Verifier(lambda: None)
+            error = json.dumps({"error": f"no such path {path!r}"}).encode()
+            return 404, error, "application/json", None
         try:
-            verifier.verify(auth, method, path, body)
+            accepted = self._verifier(proc).verify(auth, method, path, body)
         except sv.AuthError as exc:
             self._record("refused", proc)
-            return 401, json.dumps({"error": str(exc)}).encode(), "application/json"
+            return 401, json.dumps({"error": str(exc)}).encode(), "application/json", None
         try:
             code = self._command(proc, method, path, body)
         except sv.MessageError as exc:
-            return 400, json.dumps({"error": str(exc)}).encode(), "application/json"
-        return code, proc.status().to_json(), "application/json"
+            error = json.dumps({"error": str(exc)}).encode()
+            return 400, error, "application/json", accepted.sign_answer(400, error)
+        payload = proc.status().to_json()
+        return code, payload, "application/json", accepted.sign_answer(code, payload)
+
+    def _verifier(self, proc: Process) -> sv.Verifier:
+        verifier = self.verifiers.get(proc.uid)
+        if verifier is None:
+            key = self.keys.get(proc.job)
+            key_id = sv.key_id(key) if key else ""
+            verifier = self.verifiers[proc.uid] = sv.Verifier(lambda: key, proc.uid, key_id)
+        return verifier
 
     def _command(self, proc: Process, method: str, path: str, body: bytes) -> int:
         """Apply one authenticated command (the real supervisor's rules); the HTTP code."""

@@ -78,6 +78,13 @@ def _parser() -> argparse.ArgumentParser:
         "job waits N times as long, at most 10 s; 0 disables)",
     )
     run.add_argument(
+        "--reconcile-deadline",
+        type=float,
+        default=120.0,
+        help="seconds a reconcile may run; a longer one is cancelled, logged and retried "
+        "with backoff (0 disables)",
+    )
+    run.add_argument(
         "--gc-threshold",
         type=int,
         default=DEFAULT_THRESHOLD,
@@ -145,6 +152,15 @@ def _parser() -> argparse.ArgumentParser:
         default=True,
         help="restart gangs in place where the workers run tpu-worker's supervisor "
         "(docs/api.md); --no-in-place-restarts: always recreate the pods",
+    )
+    run.add_argument(
+        "--control-network-policy",
+        action="append",
+        default=[],
+        metavar="NAMESPACE",
+        help="a NetworkPolicy guards the workers' control port in NAMESPACE (repeat for "
+        "each; the chart's inPlaceRestarts.networkPolicy): jobs it cannot guard, with "
+        "hostNetwork pods or in other namespaces, restart by recreating their pods",
     )
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -234,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             progress_publish_seconds=args.progress_publish_seconds,
             reconcile_min_interval=args.reconcile_min_interval,
             reconcile_settle=args.reconcile_settle,
+            reconcile_deadline=args.reconcile_deadline or None,
             gc_threshold=args.gc_threshold,
             leader_election=leader_election,
             bind_address=args.bind_address,
@@ -241,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             default_provisioning=args.default_provisioning,
             in_place_restarts=args.in_place_restarts,
             control_key_file=args.control_key_file,
+            control_network_policy=args.control_network_policy,
         )
     )
 

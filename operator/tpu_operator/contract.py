@@ -202,6 +202,15 @@ CONTROL_KEY_FILE: Final = "key"
 CONTROL_VOLUME: Final = "tpu-operator-control"
 # Path of the key file, instead of CONTROL_KEY_DIR/CONTROL_KEY_FILE.
 ENV_CONTROL_KEY_FILE: Final = "TPU_OPERATOR_CONTROL_KEY_FILE"
+# The id of the key the operator gave the pod (``supervision.key_id``, in the pod spec):
+# the supervisor uses a mounted key only if its id matches, so a key Secret the operator
+# did not make is never used.
+ENV_CONTROL_KEY_ID: Final = "TPU_OPERATOR_CONTROL_KEY_ID"
+# The pod's UID (downward API): every control request is signed for one pod.
+ENV_POD_UID: Final = "TPU_OPERATOR_POD_UID"
+# The only env names a start command may set for the next training process; anything
+# else (LD_PRELOAD, PYTHONPATH, ...) is refused.
+START_ENV: Final = (ENV_RESTART_ATTEMPT,)
 # Seconds a supervisor whose training process failed waits for a start command before it
 # exits with that process's exit code (the pod fails; the operator recreates the pods).
 ENV_SUPERVISOR_WAIT: Final = "TPU_WORKER_SUPERVISOR_WAIT_SECONDS"

@@ -116,15 +116,19 @@ def restart_kind(
     pods: Sequence[PodView],
     workers: int,
     not_ready_nodes: frozenset[str] = frozenset(),
+    refused: str | None = None,
 ) -> tuple[RestartKind, str]:
     """How to restart after ``failure`` ended the attempt whose pods are ``pods``, and why.
 
     In place only when nothing but training processes failed: every pod of the attempt
     exists, runs the supervisor, is Running (its container alive) on a ready node, and is
     neither being deleted nor disrupted. Anything else, and every failure of an in-place
-    restart itself, recreates the pods.
+    restart itself, recreates the pods. ``refused``: why the operator does not supervise
+    pods that could be (builders/supervision.py, ``supervision_refused``).
     """
     if not supervised:
+        if refused:
+            return RestartKind.RECREATE, refused
         if mode == "Recreate":
             return RestartKind.RECREATE, "failurePolicy.restartMode is Recreate"
         return RestartKind.RECREATE, "the worker container does not run tpu-worker"

@@ -9,13 +9,17 @@ every pod carries the new attempt), and each fallback to recreating the pods.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 from typing import Any
 
 import pytest
 
-from tests.unit.fakeapi import FakeCluster, stamp
+from tests.unit.fakeapi import NS, FakeCluster, stamp
 from tpu_operator import contract
+from tpu_operator import supervision as sv
 from tpu_operator.api.status import Reason, RestartKind
+from tpu_operator.builders.supervision import MAX_STOP_GRACE_SECONDS
 from tpu_operator.decisions import restart_kind
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime.control import ControlError, ProcessState
@@ -35,6 +39,11 @@ class FakeChannel:
         self.processes: dict[str, ProcessState] = {}
         self.calls: list[tuple[str, str, int]] = []
         self.unreachable: set[str] = set()
+        self.slow_stops: dict[str, int] = {}
+        """Stops answered "stopping" (the process still ends) before one that ends it."""
+        self.graces: list[float] = []
+        self.hang: set[str] = set()
+        """Supervisors that take a stop and never answer."""
         self.starts_saw: list[bool] = []
         """At each start: whether no process of an older attempt ran in any pod."""
 
@@ -44,32 +53,43 @@ class FakeChannel:
     async def close(self) -> None:
         pass
 
-    def _check(self, ip: str | None, verb: str) -> None:
+    def _check(self, pod_uid: str, ip: str | None, verb: str) -> None:
         assert ip is not None
+        # Every request is addressed to one pod: the UID of the pod at that IP.
+        owner = [p for p in pods_of(self) if p["status"].get("podIP") == ip]
+        assert [p["metadata"]["uid"] for p in owner] == [pod_uid], (verb, ip, pod_uid)
         if ip in self.unreachable:
             raise ControlError(f"{verb} http://{ip}: ClientConnectorError: refused")
 
-    async def status(self, job_uid: str, ip: str | None) -> ProcessState:
-        self._check(ip, "status")
+    async def status(self, job_uid: str, pod_uid: str, ip: str | None) -> ProcessState:
+        self._check(pod_uid, ip, "status")
         assert ip is not None
         self.calls.append(("status", ip, self.processes[ip].attempt))
         return self.processes[ip]
 
-    async def stop(self, job_uid: str, ip: str | None, attempt: int, grace: float) -> ProcessState:
-        self._check(ip, "stop")
+    async def stop(
+        self, job_uid: str, pod_uid: str, ip: str | None, attempt: int, grace: float
+    ) -> ProcessState:
+        self._check(pod_uid, ip, "stop")
         assert ip is not None
         self.calls.append(("stop", ip, attempt))
+        self.graces.append(grace)
+        if ip in self.hang:
+            await asyncio.Event().wait()
         current = self.processes[ip]
         if current.attempt > attempt:
             raise ControlError("newer attempt", status=409, state=current)
-        if current.running:
+        if current.running and self.slow_stops.get(ip, 0) > 0:
+            self.slow_stops[ip] -= 1
+            self.processes[ip] = ProcessState("stopping", current.attempt)
+        elif current.running:
             self.processes[ip] = ProcessState("exited", current.attempt, 143, "Signaled: SIGTERM")
         return self.processes[ip]
 
     async def start(
-        self, job_uid: str, ip: str | None, attempt: int, env: dict[str, str]
+        self, job_uid: str, pod_uid: str, ip: str | None, attempt: int, env: dict[str, str]
     ) -> ProcessState:
-        self._check(ip, "start")
+        self._check(pod_uid, ip, "start")
         assert ip is not None
         assert env[contract.ENV_RESTART_ATTEMPT] == str(attempt)
         self.calls.append(("start", ip, attempt))
@@ -192,11 +212,112 @@ def test_supervised_pods_get_the_probe_port_key_and_their_job_a_secret():
     assert worker["readinessProbe"]["periodSeconds"] == 1
     env = {e["name"]: e.get("value") for e in worker["env"]}
     assert env[contract.ENV_CONTROL_PORT] == str(contract.DEFAULT_CONTROL_PORT)
-    assert not any("key" in (e.get("value") or "") for e in worker["env"])  # never in env
+    key = channel.key_for(cluster.job("j")["metadata"]["uid"])
+    assert key.decode() not in str(worker["env"])  # never in env
+    # The key's id (the only key the supervisor uses) and the pod's UID (what every
+    # request is signed for).
+    assert env[contract.ENV_CONTROL_KEY_ID] == sv.key_id(key)
+    uid_env = next(e for e in worker["env"] if e["name"] == contract.ENV_POD_UID)
+    assert uid_env["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == contract.CONTROL_VOLUME)
     secrets = [o for k, o in cluster.objects.items() if "/secrets/" in k]
-    assert [s["metadata"]["name"] for s in secrets] == [volume["secret"]["secretName"]]
+    # Named after the key's id, which only the operator can compute; immutable.
+    assert [s["metadata"]["name"] for s in secrets] == [f"j-control-{sv.key_id(key)}"]
+    assert volume["secret"]["secretName"] == secrets[0]["metadata"]["name"]
+    assert secrets[0]["immutable"] is True
     assert secrets[0]["metadata"]["ownerReferences"][0]["kind"] == contract.JOB_KIND
+    assert base64.b64decode(secrets[0]["data"][contract.CONTROL_KEY_FILE]) == key
+    slice_spec = cluster.objects[next(k for k in cluster.objects if "/tpuslices/" in k)]["spec"]
+    assert slice_spec["controlKeyId"] == sv.key_id(key)
+
+
+def test_a_stop_answered_stopping_is_asked_again_before_anything_moves():
+    cluster, channel = supervised_cluster()
+    uids = running_job(cluster, channel)
+    ip1 = cluster.pods("j")["j-0-1"]["status"]["podIP"]
+    channel.slow_stops[ip1] = 2  # its process takes two answers to end
+    process_exits(cluster, channel, "j-0-0", 1)
+    cluster.reconcile_job("j")  # the restart is committed
+    cluster.reconcile_job("j")  # stops sent: j-0-1 answers "stopping"
+    assert not [c for c in channel.calls if c[0] == "start"]
+    labels = {
+        p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in cluster.pods("j").values()
+    }
+    assert "1" in labels  # j-0-1 is not moved while its process of attempt 1 runs
+    cluster.settle()
+    assert [c[0] for c in channel.calls if c[1] == ip1 and c[0] == "stop"] == ["stop"] * 3
+    assert all(channel.starts_saw) and channel.starts_saw
+    assert {n: p["metadata"]["uid"] for n, p in cluster.pods("j").items()} == uids
+    assert cluster.job("j")["status"]["restartKind"] == "InPlace"
+
+
+def test_a_reconcile_cancelled_mid_restart_leaves_the_committed_restart_to_the_next():
+    """The restart is committed, then the act hangs on a supervisor that never answers
+    and the reconcile is cancelled at its deadline: nothing half-done is left (no start,
+    the restart counted once), and the next reconcile goes on from the committed status."""
+    cluster, channel = supervised_cluster()
+    uids = running_job(cluster, channel)
+    ip1 = cluster.pods("j")["j-0-1"]["status"]["podIP"]
+    channel.hang.add(ip1)
+    process_exits(cluster, channel, "j-0-0", 1)
+    for _ in range(5):  # the reconcile that acts on the committed restart hangs
+        try:
+            cluster._index()
+            asyncio.run(asyncio.wait_for(cluster.jobs((NS, "j")), 1.0))
+        except TimeoutError:
+            break
+        cluster.advance(1)
+    else:
+        raise AssertionError(f"no reconcile reached the hanging stop: {channel.calls}")
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["restarts"], status["restartKind"]) == (2, 1, "InPlace")
+    assert ("stop", ip1, 1) in channel.calls
+    assert not [c for c in channel.calls if c[0] == "start"]
+    channel.hang.clear()
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["restarts"], status["inPlaceRestarts"]) == (2, 1, 1)
+    assert all(channel.starts_saw) and len(channel.starts_saw) == 2
+    assert {n: p["metadata"]["uid"] for n, p in cluster.pods("j").items()} == uids
+
+
+def test_the_stop_grace_has_a_ceiling():
+    cluster, channel = supervised_cluster()
+    cluster.add_pool("p1", *V5P, hosts=2)
+    spec = job_spec()
+    spec["template"]["spec"]["terminationGracePeriodSeconds"] = 10**9
+    cluster.apply_job("j", spec)
+    cluster.settle()
+    start_processes(cluster, channel, 1)
+    cluster.settle()
+    process_exits(cluster, channel, "j-0-0", 1)
+    cluster.settle()
+    assert channel.graces and set(channel.graces) == {MAX_STOP_GRACE_SECONDS}
+    assert cluster.job("j")["status"]["restartKind"] == "InPlace"
+
+
+def test_with_the_network_policy_hostnetwork_pods_are_not_supervised():
+    cluster, channel = supervised_cluster()
+    cluster.ctx.control_network_policy = frozenset({NS})
+    cluster.add_pool("p1", *V5P, hosts=2)
+    spec = job_spec()
+    spec["template"]["spec"]["hostNetwork"] = True
+    cluster.apply_job("j", spec)
+    cluster.settle()
+    cluster.run_pods("j")
+    cluster.settle()
+    assert cluster.job("j")["status"]["phase"] == "Running"
+    pod = cluster.pods("j")["j-0-0"]
+    assert contract.ANNOTATION_SUPERVISED not in (pod["metadata"].get("annotations") or {})
+    assert not any("/secrets/" in k for k in cluster.objects)
+    refused = [m for n, _, r, m in cluster.recorded.events if r == "InPlaceRestartsRefused"]
+    assert len(refused) == 1 and "hostNetwork" in refused[0], cluster.recorded.events
+    cluster.exit_pod("j-0-1", 1)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["restartKind"]) == (2, "Recreate")
+    assert "the control-port NetworkPolicy cannot guard" in restarting_event(cluster)
+    assert not channel.calls
 
 
 def test_a_process_exit_restarts_every_process_in_the_same_pods():
@@ -405,8 +526,9 @@ class Checkpoints(FakeChannel):
         self.asked: list[tuple[str, str]] = []
 
     async def checkpoint(
-        self, job_uid: str, ip: str | None, attempt: int, request_id: str
+        self, job_uid: str, pod_uid: str, ip: str | None, attempt: int, request_id: str
     ) -> ProcessState:
+        self._check(pod_uid, ip, "checkpoint")
         assert ip is not None
         self.asked.append((ip, request_id))
         return self.processes[ip]

@@ -242,3 +242,70 @@ def test_a_requested_wake_survives_a_sooner_reconcile_and_a_spaced_one_does_not(
     times = run(scenario())
     assert len(times) == 3, "the urgent reconcile did not drop the wake asked for"
     assert times[1] < 0.25 and times[2] >= 0.28
+
+
+def test_a_reconcile_past_its_deadline_is_cancelled_logged_and_retried(caplog):
+    """A handler stuck on something that never answers: cancelled at the deadline (the
+    worker is free for other keys at once), logged with what to look at, and retried with
+    the failure backoff; a key that finishes in time is untouched."""
+
+    async def scenario() -> tuple[list[str], list[str], int]:
+        calls: list[str] = []
+        cancelled: list[str] = []
+        observed: list[bool] = []
+        done = asyncio.Event()
+
+        async def handler(key: str) -> float | None:
+            calls.append(key)
+            if calls.count("stuck") == 3 and "other" in calls:
+                done.set()
+            if key == "stuck" and calls.count("stuck") < 3:
+                try:
+                    await asyncio.Event().wait()  # never answers
+                except asyncio.CancelledError:
+                    cancelled.append(key)
+                    raise
+            return None
+
+        queue: WorkQueue[str] = WorkQueue(
+            "TPUJob",
+            handler,
+            workers=1,
+            base_retry=0.01,
+            deadline=0.2,
+            observer=lambda _name, _seconds, ok: observed.append(ok),
+        )
+        queue.start()
+        queue.add("stuck")
+        queue.add("other")
+        await done.wait()
+        await asyncio.sleep(0.05)
+        await queue.stop()
+        return calls, cancelled, observed.count(False)
+
+    with caplog.at_level("WARNING", logger="tpu_operator.runtime.workqueue"):
+        calls, cancelled, failures = run(scenario())
+    assert calls[:2] == ["stuck", "other"]  # one worker: freed by the cancel
+    assert calls.count("stuck") == 3 and cancelled == ["stuck", "stuck"]
+    assert failures == 2
+    lines = [r.getMessage() for r in caplog.records if "deadline" in r.getMessage()]
+    assert len(lines) == 2
+    assert "TPUJob stuck: the reconcile passed its deadline of 0.2 s and was cancelled" in lines[0]
+    assert "--reconcile-deadline" in lines[0]
+
+
+def test_a_timeout_inside_a_reconcile_is_an_ordinary_failure(caplog):
+    async def scenario() -> None:
+        async def handler(key: str) -> float | None:
+            raise TimeoutError("the handler's own timeout")
+
+        queue: WorkQueue[str] = WorkQueue("t", handler, deadline=60, base_retry=5)
+        queue.start()
+        queue.add("a")
+        await asyncio.sleep(0.1)
+        await queue.stop()
+
+    with caplog.at_level("WARNING", logger="tpu_operator.runtime.workqueue"):
+        run(scenario())
+    assert not [r for r in caplog.records if "deadline" in r.getMessage()]
+    assert any("reconciling a failed" in r.getMessage() for r in caplog.records)

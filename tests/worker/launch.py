@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +119,11 @@ class Pod:
         return f"http://{self.ip}:{self.wiring.ports.metrics}/metrics"
 
     @property
+    def uid(self) -> str:
+        """The pod's UID (what control requests are signed for)."""
+        return self.env[contract.ENV_POD_UID]
+
+    @property
     def control_url(self) -> str:
         """Base URL of the supervisor's control channel (when the pod runs one)."""
         return f"http://{self.ip}:{contract.DEFAULT_CONTROL_PORT}"
@@ -168,6 +174,8 @@ class Gang:
                 "PYTHONUNBUFFERED": "1",
                 "JAX_PLATFORMS": "cpu",
                 **resolved_env(wiring, ip),
+                # The downward API's metadata.uid of a supervised pod.
+                contract.ENV_POD_UID: str(uuid.uuid4()),
                 **(extra_env or {}),
             }
             pods.append(Pod(wiring, ip, env, workdir / f"{wiring.pod_name}.log"))

@@ -44,10 +44,11 @@ def call(
     key: bytes | None = KEY,
     header: str | None = None,
 ) -> tuple[int, dict[str, object], str | None]:
-    """One control request; (HTTP code, JSON body, the Authorization header sent)."""
+    """One control request; (HTTP code, JSON body, the Authorization header sent). A 200
+    or 409 answer must be signed for the request, as the operator checks it."""
     body = b"" if message is None else json.dumps(message).encode()
     if header is None and key is not None:
-        header = sv.sign(key, method, path, body)
+        header = sv.sign(key, method, path, body, pod=pod.uid)
     request = urllib.request.Request(pod.control_url + path, data=body or None, method=method)
     if header is not None:
         request.add_header("Authorization", header)
@@ -55,9 +56,12 @@ def call(
         request.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
-            code, text = response.status, response.read()
+            code, text, signature = response.status, response.read(), response.headers
     except urllib.error.HTTPError as error:
-        code, text = error.code, error.read()
+        code, text, signature = error.code, error.read(), error.headers
+    if code in (200, 409) and header is not None and key is not None:
+        answer = signature.get(sv.ANSWER_HEADER)
+        sv.verify_answer(key, pod.uid, sv.nonce_of(header), code, text, answer)
     return code, json.loads(text), header
 
 
@@ -98,6 +102,7 @@ def supervised_env(tmp_path: Path, key: bytes | None = KEY) -> dict[str, str]:
     return {
         contract.ENV_CONTROL_PORT: str(contract.DEFAULT_CONTROL_PORT),
         contract.ENV_CONTROL_KEY_FILE: str(key_file),
+        contract.ENV_CONTROL_KEY_ID: sv.key_id(KEY),
         contract.ENV_SUPERVISOR_WAIT: str(WAIT_S),
     }
 
@@ -167,7 +172,9 @@ def test_a_failed_attempt_restarts_in_place_on_command(tmp_path: Path) -> None:
         code, _, _ = call(pods[0], "GET", sv.STATUS_PATH, key=b"wrong")
         assert code == 401
         # A signed request for /v1/stop is not valid for /v1/start.
-        stop_header = sv.sign(KEY, "POST", sv.STOP_PATH, json.dumps(start2).encode())
+        stop_header = sv.sign(
+            KEY, "POST", sv.STOP_PATH, json.dumps(start2).encode(), pod=pods[0].uid
+        )
         code, _, _ = call(pods[0], "POST", sv.START_PATH, start2, header=stop_header)
         assert code == 401
         assert status(pods[0]) == failed[0], "refused requests changed the supervisor"

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -196,6 +199,11 @@ def test_processes_a_step_apart_agree_on_one_step() -> None:
 # -- the control server over HTTP -----------------------------------------------------------
 
 KEY = b"test-key"
+POD = "3f2b1c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d"
+
+
+def sign(key: bytes, method: str, path: str, body: bytes, pod: str = POD) -> str:
+    return sv.sign(key, method, path, body, pod=pod)
 
 
 class RecordingController:
@@ -227,22 +235,32 @@ class RecordingController:
 @pytest.fixture
 def served() -> Iterator[tuple[RecordingController, str]]:
     controller = RecordingController()
-    server = ControlServer(controller, sv.Verifier(lambda: KEY), "127.0.0.1", 0)
+    server = ControlServer(
+        controller, sv.Verifier(lambda: KEY, POD, sv.key_id(KEY)), "127.0.0.1", 0
+    )
     try:
         yield controller, f"http://127.0.0.1:{server.port}"
     finally:
         server.close()
 
 
-def _post(url: str, path: str, body: bytes, header: str | None) -> tuple[int, bytes]:
+def _exchange(
+    url: str, path: str, body: bytes, header: str | None
+) -> tuple[int, bytes, str | None]:
+    """(code, body, the answer's signature header)."""
     request = urllib.request.Request(url + path, data=body, method="POST")
     if header:
         request.add_header("Authorization", header)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read()
+            return response.status, response.read(), response.headers.get(sv.ANSWER_HEADER)
     except urllib.error.HTTPError as error:
-        return error.code, error.read()
+        return error.code, error.read(), error.headers.get(sv.ANSWER_HEADER)
+
+
+def _post(url: str, path: str, body: bytes, header: str | None) -> tuple[int, bytes]:
+    code, answer, _ = _exchange(url, path, body, header)
+    return code, answer
 
 
 def test_the_server_passes_on_only_authentic_well_formed_commands(
@@ -250,20 +268,35 @@ def test_the_server_passes_on_only_authentic_well_formed_commands(
 ) -> None:
     controller, url = served
     stop = json.dumps({"attempt": 1, "grace_seconds": 2}).encode()
-    code, body = _post(url, sv.STOP_PATH, stop, sv.sign(KEY, "POST", sv.STOP_PATH, stop))
+    header = sign(KEY, "POST", sv.STOP_PATH, stop)
+    code, body, signature = _exchange(url, sv.STOP_PATH, stop, header)
     assert (code, json.loads(body)["state"]) == (200, "running")
     assert controller.calls == [sv.StopRequest(1, 2.0)]
-    code, body = _post(url, sv.STOP_PATH, stop, sv.sign(b"other", "POST", sv.STOP_PATH, stop))
+    # The answer is signed for this request: the operator checks it.
+    sv.verify_answer(KEY, POD, sv.nonce_of(header), 200, body, signature)
+    code, body, signature = _exchange(
+        url, sv.STOP_PATH, stop, sign(b"other", "POST", sv.STOP_PATH, stop)
+    )
+    assert signature is None  # a refusal is not signed
     assert (code, json.loads(body)) == (
         401,
         {"error": "bad signature (wrong key, or method, path or body changed)"},
     )
     bad = b'{"attempt": "x", "grace_seconds": 1}'
-    code, body = _post(url, sv.STOP_PATH, bad, sv.sign(KEY, "POST", sv.STOP_PATH, bad))
+    code, body = _post(url, sv.STOP_PATH, bad, sign(KEY, "POST", sv.STOP_PATH, bad))
     assert code == 400 and b"attempt must be int" in body
     start = json.dumps({"attempt": 2, "env": {}}).encode()
-    code, _ = _post(url, sv.START_PATH, start, sv.sign(KEY, "POST", sv.START_PATH, start))
+    code, _ = _post(url, sv.START_PATH, start, sign(KEY, "POST", sv.START_PATH, start))
     assert code == 409  # the controller's answer, passed through
+    assert len(controller.calls) == 2
+    # A start that would set anything but the contract's variables never reaches it.
+    evil = json.dumps({"attempt": 2, "env": {"LD_PRELOAD": "/tmp/x.so"}}).encode()
+    code, body = _post(url, sv.START_PATH, evil, sign(KEY, "POST", sv.START_PATH, evil))
+    assert code == 400 and b"env 'LD_PRELOAD' is not allowed" in body
+    # Signed for another pod of the job: refused here.
+    other = sign(KEY, "POST", sv.STOP_PATH, stop, pod="another-pod-uid")
+    code, body = _post(url, sv.STOP_PATH, stop, other)
+    assert code == 401 and b"signed for another pod" in body
     assert len(controller.calls) == 2
     assert _post(url, "/v1/other", b"{}", None)[0] == 404
     assert _post(url, sv.START_PATH, b"x" * (sv.MAX_BODY_BYTES + 1), None)[0] == 413
@@ -292,3 +325,51 @@ def test_readiness_holds_across_the_operators_own_stop_only() -> None:
     assert is_ready(ended, 65.0, 6.0)  # stopped on command, the next start is coming
     assert not is_ready(ended, 65.0, 66.0)  # no start came: NotReady after all
     assert not is_ready(None, None, 0.0)
+
+
+def test_half_sent_requests_cannot_crowd_out_readiness() -> None:
+    """More connections than the cap, each with half a request: the oldest are closed as
+    new ones come, and a whole request (the kubelet's probe) is answered every time."""
+    controller = RecordingController()
+    verifier = sv.Verifier(lambda: KEY, POD, sv.key_id(KEY))
+    server = ControlServer(controller, verifier, "127.0.0.1", 0, max_connections=8)
+    flood: list[socket.socket] = []
+    threads = threading.active_count()
+    try:
+        for index in range(40):
+            conn = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            conn.sendall(b"POST /v1/stop HTTP/1.1\r\nHost: x\r\nContent-Length: 10")
+            flood.append(conn)
+            if index % 10 == 9:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{server.port}{sv.READY_PATH}", timeout=30
+                ) as response:
+                    assert (response.status, response.read()) == (200, b"ok")
+        assert server._server.evicted >= 40 - 8
+        # A thread per connection, at most 8 of them held (the closed ones' threads end).
+        deadline = time.monotonic() + 30
+        while threading.active_count() - threads > 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert threading.active_count() - threads <= 8
+        # The closed ones see the end of their connection.
+        flood[0].settimeout(30)
+        assert flood[0].recv(100) == b""
+    finally:
+        for conn in flood:
+            conn.close()
+        server.close()
+
+
+def test_a_request_sent_too_slowly_is_cut_at_the_deadline() -> None:
+    controller = RecordingController()
+    verifier = sv.Verifier(lambda: KEY, POD, sv.key_id(KEY))
+    server = ControlServer(controller, verifier, "127.0.0.1", 0, deadline_s=1.0)
+    try:
+        conn = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        conn.sendall(b"GET /readyz HTTP/1.1\r\n")
+        conn.settimeout(30)
+        assert conn.recv(100) == b""  # closed by the server, the request never finished
+        assert server._server.evicted == 1
+        conn.close()
+    finally:
+        server.close()

@@ -217,6 +217,7 @@ class Supervisor:
         self._terminating = False
         self._pending: tuple[int, dict[str, str]] | None = None  # a start for the main thread
         self._held_until: float | None = None  # readiness held across a commanded stop
+        self._kill_at = 0.0  # monotonic time of the stopping child's SIGKILL
 
     # -- queries (any thread) --
 
@@ -263,11 +264,15 @@ class Supervisor:
                     self._child.attempt if self._child else -1,
                 )
                 return 409, status_of(self._child, self._checkpoints)
-            if action is Action.NOTHING:
+            if action is Action.NOTHING or self._child is None:
                 return 200, status_of(self._child, self._checkpoints)
             self._held_until = time.monotonic() + COMMANDED_HOLD_S
-        self._stop_child(request.grace_seconds, f"stop command for attempt {request.attempt}")
-        return 200, self.status()
+            pid = self._child.pid
+            self._signal_stop(request.grace_seconds, f"stop command for attempt {request.attempt}")
+            # Answered once the process ended, or after a few seconds with "stopping": a
+            # stop never holds the operator (or a connection) for the whole grace period.
+            self._lock.wait_for(lambda: self._ended(pid), timeout=sv.STOP_ANSWER_WAIT_S)
+            return 200, status_of(self._child, self._checkpoints)
 
     def checkpoint(self, request: sv.CheckpointRequest) -> tuple[int, sv.SupervisorStatus]:
         with self._lock:
@@ -310,25 +315,55 @@ class Supervisor:
                 )
             self._lock.notify_all()
 
+    def _signal_stop(self, grace_s: float, why: str) -> None:
+        """SIGTERM the running child's process group, SIGKILL after ``grace_s`` (with the
+        lock held; does not wait). A child already stopping gets no second SIGTERM; its
+        SIGKILL comes no later than ``grace_s`` from now."""
+        child = self._child
+        if child is None or not child.running:
+            return
+        kill_at = time.monotonic() + grace_s
+        if child.stopping:
+            if kill_at < self._kill_at:
+                self._kill_at = kill_at
+                self._lock.notify_all()
+            return
+        self._child = replace(child, stopping=True)
+        self._kill_at = kill_at
+        log.info("%s: SIGTERM to the training process (pid %d)", why, child.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGTERM)
+        threading.Thread(
+            target=self._kill_after,
+            args=(child.pid,),
+            name=f"tpu-worker-kill-{child.pid}",
+            daemon=True,
+        ).start()
+
+    def _kill_after(self, pid: int) -> None:
+        """SIGKILL the stopping child ``pid`` once its grace is over, unless it ended."""
+        with self._lock:
+            while not self._ended(pid):
+                left = self._kill_at - time.monotonic()
+                if left <= 0:
+                    log.warning(
+                        "the training process (pid %d) did not end within its grace after "
+                        "SIGTERM: SIGKILL",
+                        pid,
+                    )
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
+                    return
+                self._lock.wait(timeout=left)
+
     def _stop_child(self, grace_s: float, why: str) -> None:
         """SIGTERM the running child's process group, SIGKILL after ``grace_s``; wait."""
         with self._lock:
             child = self._child
             if child is None or not child.running:
                 return
-            self._child = replace(child, stopping=True)
-            log.info("%s: SIGTERM to the training process (pid %d)", why, child.pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGTERM)
-            if not self._lock.wait_for(lambda: self._ended(child.pid), timeout=grace_s):
-                log.warning(
-                    "the training process (pid %d) did not end within %gs of SIGTERM: SIGKILL",
-                    child.pid,
-                    grace_s,
-                )
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.pid, signal.SIGKILL)
-                self._lock.wait_for(lambda: self._ended(child.pid), timeout=30)
+            self._signal_stop(grace_s, why)
+            self._lock.wait_for(lambda: self._ended(child.pid), timeout=grace_s + 30)
 
     def _ended(self, pid: int) -> bool:
         child = self._child
@@ -437,6 +472,12 @@ def main(argv: Sequence[str], termination_grace_s: float | None) -> int:
         return contract.EXIT_CONFIG_ERROR
     path = key_path(env)
     load = key_loader(path)
+    verifier = sv.Verifier(
+        load,
+        env.get(contract.ENV_POD_UID, "").strip(),
+        env.get(contract.ENV_CONTROL_KEY_ID, "").strip(),
+    )
+    problem = verifier.key_problem()
     if load() is None:
         log.error(
             "no control key in %s (%s): every control command will be refused with 401; "
@@ -444,12 +485,14 @@ def main(argv: Sequence[str], termination_grace_s: float | None) -> int:
             path,
             contract.ENV_CONTROL_KEY_FILE,
         )
+    elif problem is not None:
+        log.error("%s: every control command will be refused with 401", problem)
     # The children inherit SIGUSR1 ignored until the worker installs its handler, so an
     # early checkpoint request cannot kill a child that is still starting.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     supervisor = Supervisor(argv, env, grace_s)
     try:
-        server = ControlServer(supervisor, sv.Verifier(load), address, port)
+        server = ControlServer(supervisor, verifier, address, port)
     except OSError as error:
         log.error("cannot serve the control channel on %s:%d: %s", address, port, error)
         return contract.EXIT_CONFIG_ERROR

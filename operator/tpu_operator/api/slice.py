@@ -64,6 +64,9 @@ class TPUSliceSpec(ShapeFields):
     control_key_secret: str | None = Field(default=None, max_length=253)
     """Set by the owning TPUJob when its restarts may run in place: the Secret with the
     control-channel key, mounted into the supervised worker containers."""
+    control_key_id: str | None = Field(default=None, pattern="^[0-9a-f]{32}$")
+    """Set by the owning TPUJob with controlKeySecret: the id of the job's key; the
+    supervisors use a mounted key only if it has this id."""
 
 
 class TPUSliceStatus(ApiModel):

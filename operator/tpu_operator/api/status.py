@@ -141,6 +141,9 @@ class Reason(StrEnum):
     IN_PLACE_FALLBACK = "InPlaceFallback"
     """An in-place restart could not stop every training process: the pods are recreated
     instead."""
+    IN_PLACE_REFUSED = "InPlaceRestartsRefused"
+    """The workers could run the supervisor, but the operator does not let them: with the
+    control-port NetworkPolicy, hostNetwork pods (their restarts recreate the pods)."""
 
 
 FAILURE_REASONS: tuple[Reason, ...] = (

@@ -22,6 +22,7 @@ def job_slice(
     extra_labels: dict[str, str] | None = None,
     in_place_from: int | None = None,
     control_key_secret: str | None = None,
+    control_key_id: str | None = None,
 ) -> dict[str, Any]:
     """TPUSlice ``index`` of a job, as the job wants it for ``attempt``.
 
@@ -57,6 +58,8 @@ def job_slice(
         spec["inPlaceFrom"] = in_place_from
     if control_key_secret:
         spec["controlKeySecret"] = control_key_secret
+    if control_key_id:
+        spec["controlKeyId"] = control_key_id
     labels = dict(extra_labels or {})
     labels.update(
         {
@@ -84,7 +87,15 @@ def slice_patch(desired: dict[str, Any], current: dict[str, Any]) -> dict[str, A
     Only the fields the job manages at run time (attempt, backoff, suspension, node pool,
     in-place restart) are compared; the shape and template of a running slice are not rewritten.
     """
-    fields = ("attempt", "notBefore", "suspend", "nodePool", "inPlaceFrom", "controlKeySecret")
+    fields = (
+        "attempt",
+        "notBefore",
+        "suspend",
+        "nodePool",
+        "inPlaceFrom",
+        "controlKeySecret",
+        "controlKeyId",
+    )
     want = desired["spec"]
     have = current.get("spec") or {}
     changes = {k: want.get(k) for k in fields if want.get(k) != have.get(k)}

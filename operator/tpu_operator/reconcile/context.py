@@ -123,8 +123,12 @@ class Context:
     supervisors: Supervisors | None = None
     """The control channel to the workers' supervisors (None: every restart recreates
     the pods)."""
-    control_keys: set[str] = field(default_factory=set)
-    """UIDs of the jobs whose control-key Secret is known to exist."""
+    control_keys: set[tuple[str, str]] = field(default_factory=set)
+    """Control-key Secrets known to exist (namespace, name)."""
+    control_network_policy: frozenset[str] | None = None
+    """Namespaces where a NetworkPolicy guards the workers' control port
+    (--control-network-policy; None: no such policy): pods it cannot guard, with
+    hostNetwork or in other namespaces, are not supervised."""
     default_provisioning: str = "ExistingPools"
     """placement.provisioning of the objects that leave it unset (--default-provisioning)."""
     resource_flavors: dict[str, dict[str, Any]] = field(default_factory=dict)

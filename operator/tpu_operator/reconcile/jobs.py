@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tpu_operator import contract
+from tpu_operator import contract, supervision
 from tpu_operator.api.common import Failure
 from tpu_operator.api.job import QueueStatus, SliceSummary, TPUJobSpec, TPUJobStatus
 from tpu_operator.api.monitoring import Monitoring, seconds
@@ -42,7 +42,13 @@ from tpu_operator.api.status import (
 from tpu_operator.builders.pods import Owner
 from tpu_operator.builders.service import headless_service
 from tpu_operator.builders.slices import job_slice, slice_patch
-from tpu_operator.builders.supervision import key_secret, key_secret_name, runs_supervisor
+from tpu_operator.builders.supervision import (
+    key_secret,
+    key_secret_name,
+    runs_supervisor,
+    stop_grace,
+    supervision_refused,
+)
 from tpu_operator.builders.wiring import Ports
 from tpu_operator.builders.workload import apply_assignment, queue_name, reclaimable_pods
 from tpu_operator.catalog import CatalogError, SliceShape, chips_per_host_choices
@@ -92,9 +98,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PUBLISH_SECONDS = 30.0
 """Progress publish interval when no sampler is configured (unit tests)."""
-DEFAULT_GRACE_SECONDS = 30.0
-"""A pod's terminationGracePeriodSeconds when the template does not set it: how long a
-supervisor lets a training process checkpoint after SIGTERM in an in-place restart."""
 CAUSE_SETTLE_SECONDS = 3.0
 """How long an echo failure (exit 75/134: a peer died) waits for the peer's own report."""
 MAX_NOTICES = 32
@@ -223,9 +226,14 @@ class JobRun:
         )
         """Kueue's side of a job labelled kueue.x-k8s.io/queue-name (reconcile/queueing.py)."""
         template = self.raw_spec.get("template") or {}
-        self.supervised = ctx.supervisors is not None and runs_supervisor(
-            template, self.policy.restart_mode
+        runs = ctx.supervisors is not None and runs_supervisor(template, self.policy.restart_mode)
+        self.supervision_refused = (
+            supervision_refused(template, self.namespace, ctx.control_network_policy)
+            if runs
+            else None
         )
+        """Why the workers, which could run the supervisor, do not (or None)."""
+        self.supervised = runs and self.supervision_refused is None
         """Restarts may run in place: the workers run the supervisor (failurePolicy)."""
         self.reports: dict[str, ProcessReport] = {}
         """Supervisors' reports on stopped training processes, by pod name."""
@@ -984,6 +992,7 @@ class JobRun:
         status.phase = Phase.RESTARTING
         kind, why = restart_kind(
             supervised=self.supervised,
+            refused=self.supervision_refused,
             mode=self.policy.restart_mode,
             failure=failure,
             pods=[p for p in self.pods if p.attempt == attempt],
@@ -1087,6 +1096,8 @@ class JobRun:
             self.account.began_running(first_attempt=attempt == 1 and status.restarts == 0)
         if phase == Phase.RUNNING and self.previous_phase != Phase.RUNNING:
             self._event("Normal", Reason.RUNNING, status.message)
+            if attempt == 1 and status.restarts == 0 and self.supervision_refused:
+                self._event("Warning", Reason.IN_PLACE_REFUSED, self.supervision_refused)
             if attempt == 1 and status.restarts == 0:
                 elapsed = (self.now - self.created).total_seconds()
                 self.after_commit.append(lambda: self.ctx.metrics.time_to_running(elapsed))
@@ -1269,35 +1280,44 @@ class JobRun:
             return
         restart_at = parse(self.status.restart_at)
         template_spec = (self.raw_spec.get("template") or {}).get("spec") or {}
-        grace = template_spec.get("terminationGracePeriodSeconds")
         done = await supervisors.restart_in_place(
             job_uid=self.body["metadata"]["uid"],
             namespace=self.namespace,
             pods=self.pods,
             attempt=attempt,
-            grace_seconds=float(grace) if isinstance(grace, int) else DEFAULT_GRACE_SECONDS,
+            grace_seconds=stop_grace(template_spec),
             may_start=restart_at is None or self.now >= restart_at,
         )
         if not done:
             self._after(IN_PLACE_RECHECK_SECONDS)
 
-    async def _ensure_control_key(self) -> str:
-        """The job's control-key Secret (created once; the key derives from the job's UID,
-        so the Secret is never read back)."""
-        uid = self.body["metadata"]["uid"]
-        name = key_secret_name(self.name, uid)
-        if uid in self.ctx.control_keys or self.ctx.supervisors is None:
-            return name
+    async def _ensure_control_key(self) -> tuple[str, str] | None:
+        """The job's control-key Secret and the key's id (created once; the key derives
+        from the job's UID, so the Secret is never read back).
+
+        Its name carries the key's id, which only the operator can compute, and it is
+        created before any slice names it: nobody can have made it first. A 409 is this
+        operator's own earlier create (another replica, or before a restart); and should
+        someone delete the Secret and make another of that name, its key cannot have the
+        id the pods carry, and their supervisors refuse to use it."""
+        supervisors = self.ctx.supervisors
+        if supervisors is None:
+            return None
+        key = supervisors.channel.key_for(self.body["metadata"]["uid"])
+        key_id = supervision.key_id(key)
+        name = key_secret_name(self.name, key_id)
+        if (self.namespace, name) in self.ctx.control_keys:
+            return name, key_id
         secret = key_secret(
             name=name,
             namespace=self.namespace,
             job_name=self.name,
             owner=self._owner().reference(),
-            key=self.ctx.supervisors.channel.key_for(uid),
+            key=key,
         )
         await self.ctx.kube.create(namespaced(self.namespace, "secrets"), secret)
-        self.ctx.control_keys.add(uid)
-        return name
+        self.ctx.control_keys.add((self.namespace, name))
+        return name, key_id
 
     async def _run_children(self, attempt: int) -> None:
         ports = self.spec.ports
@@ -1309,7 +1329,8 @@ class JobRun:
             ports=Ports(ports.coordinator, ports.megascale, ports.metrics) if ports else Ports(),
         )
         await self.ctx.ensure_service(self.namespace, service)
-        secret = await self._ensure_control_key() if self.supervised else None
+        control = await self._ensure_control_key() if self.supervised else None
+        secret, key_id = control if control is not None else (None, None)
         in_place_from = attempt - 1 if self._restarting_in_place() else None
         pools = self.status.node_pools or []
         # All slices at once, not one after the other: each slice's pods are created as
@@ -1330,6 +1351,7 @@ class JobRun:
                 extra_labels=self._extra_labels(),
                 in_place_from=in_place_from,
                 control_key_secret=secret,
+                control_key_id=key_id,
             )
             current = self.slices.get(index)
             if current is None:

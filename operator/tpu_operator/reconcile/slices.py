@@ -392,7 +392,8 @@ class SliceRun:
         ports = ports_of(spec)
         path = namespaced(self.namespace, "pods")
         secret = spec.control_key_secret if self.managed else None
-        supervised = Supervision(secret) if secret else None
+        key_id = spec.control_key_id
+        supervised = Supervision(secret, key_id) if secret and key_id else None
         in_flight = self.ctx.pods_in_flight
         holder = job_holder(self.namespace, self.job_name) if self.job_name else self.holder
 

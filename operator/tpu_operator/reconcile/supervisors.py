@@ -9,8 +9,9 @@ Two halves, both driven by the TPUJob reconciler:
   that does not answer three times in a row is reported unreachable (the next attempt
   then recreates the pods).
 - **The restart.** For a job whose committed status says "attempt N+1, in place", every
-  pod of attempt N is stopped (``stop`` for N: the supervisor sends SIGTERM, waits for the
-  worker's termination grace, then SIGKILL) and then relabelled to attempt N+1. Only when
+  pod of attempt N is stopped (``stop`` for N: the supervisor sends SIGTERM, and SIGKILL
+  after the pod's termination grace; it answers ``stopping`` until the process ended, and
+  is asked again on the next pass) and then relabelled to attempt N+1. Only when
   every pod of the job carries N+1 (so every process of N has stopped: the barrier) and
   the restart backoff has passed, each supervisor is told to ``start`` N+1. Each step is
   idempotent, so a reconcile cut short (or a new operator) just does it again. A stop
@@ -122,7 +123,8 @@ class Supervisors:
             ask.append(pod)
         if ask:
             results = await asyncio.gather(
-                *(self.channel.status(job_uid, p.pod_ip) for p in ask), return_exceptions=True
+                *(self.channel.status(job_uid, p.uid, p.pod_ip) for p in ask),
+                return_exceptions=True,
             )
             for pod, result in zip(ask, results, strict=True):
                 asked = self._asked[pod.uid]
@@ -179,7 +181,8 @@ class Supervisors:
         ``attempt`` and its supervisor was told to start it.
 
         The barrier: no start before every pod's supervisor confirmed that no process of
-        an older attempt runs there (a stop is answered once the process has ended). Then
+        an older attempt runs there (a stop's answer says whether the process ended; one
+        that says ``stopping`` is sent again on the next pass). Then
         the starts and the relabelling go out together: the label is the durable record
         for the next reconcile (or operator), the starts are what the workers wait for.
         """
@@ -208,15 +211,17 @@ class Supervisors:
         )
 
     async def _stop(self, job_uid: str, pods: list[PodView], attempt: int, grace: float) -> None:
-        """Stop every process older than ``attempt`` in ``pods``; record the confirmed."""
+        """Stop every process older than ``attempt`` in ``pods``; record the confirmed
+        (a process still ``stopping`` is asked about again on the next pass)."""
         stopped = _current(self._stopped, job_uid, attempt)
         results = await asyncio.gather(
-            *(self.channel.stop(job_uid, p.pod_ip, attempt - 1, grace) for p in pods),
+            *(self.channel.stop(job_uid, p.uid, p.pod_ip, attempt - 1, grace) for p in pods),
             return_exceptions=True,
         )
         for pod, result in zip(pods, results, strict=True):
             if isinstance(result, ProcessState):
-                stopped.add(pod.uid)
+                if not (result.running and result.attempt < attempt):
+                    stopped.add(pod.uid)
                 continue
             if not isinstance(result, ControlError):
                 raise result
@@ -256,7 +261,7 @@ class Supervisors:
     ) -> None:
         env = {contract.ENV_RESTART_ATTEMPT: str(attempt)}
         results = await asyncio.gather(
-            *(self.channel.start(job_uid, p.pod_ip, attempt, env) for p in pods),
+            *(self.channel.start(job_uid, p.uid, p.pod_ip, attempt, env) for p in pods),
             return_exceptions=True,
         )
         now = self._now()
@@ -282,7 +287,10 @@ class Supervisors:
         were asked."""
         targets = [p for p in pods if p.attempt == attempt and p.ready and not p.deleting]
         results = await asyncio.gather(
-            *(self.channel.checkpoint(job_uid, p.pod_ip, attempt, request_id) for p in targets),
+            *(
+                self.channel.checkpoint(job_uid, p.uid, p.pod_ip, attempt, request_id)
+                for p in targets
+            ),
             return_exceptions=True,
         )
         asked = 0

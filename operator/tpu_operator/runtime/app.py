@@ -85,6 +85,8 @@ class OperatorConfig:
     reconcile_settle: float = 1.0
     """Seconds between two reconciles of one object asked for only by routine pod events
     (pods being scheduled, starting, becoming ready): ``runtime/workqueue.py``."""
+    reconcile_deadline: float | None = 120.0
+    """Seconds a reconcile may run before it is cancelled and retried with backoff."""
     gc_threshold: int = DEFAULT_THRESHOLD
     """Net allocations between two young-generation garbage collections
     (``runtime/collector.py``)."""
@@ -105,6 +107,9 @@ class OperatorConfig:
     control_key_file: str | None = None
     """The master key of the control channel to the supervisors (every replica must read
     the same one); unset: a random key per process."""
+    control_network_policy: list[str] = field(default_factory=list)
+    """Namespaces where a NetworkPolicy guards the workers' control port (empty: none);
+    pods it cannot guard are not supervised."""
 
     def describe(self) -> str:
         scope = ", ".join(self.namespaces) if self.namespaces else "all namespaces"
@@ -168,6 +173,7 @@ class Runtime:
             spacing=self._job_spacing,
             settle=config.reconcile_settle,
             quiet=(ApiError,),
+            deadline=config.reconcile_deadline,
         )
         self.slices: WorkQueue[tuple[str, str]] = WorkQueue(
             "TPUSlice",
@@ -179,6 +185,7 @@ class Runtime:
             settle=config.reconcile_settle,
             settle_of=self._slice_settle,
             quiet=(ApiError,),
+            deadline=config.reconcile_deadline,
         )
         self.context = Context(
             kube=self.kube,
@@ -188,6 +195,9 @@ class Runtime:
             slices=self.slices,
             metrics=self.metrics,
             default_provisioning=config.default_provisioning,
+            control_network_policy=(
+                frozenset(config.control_network_policy) if config.control_network_policy else None
+            ),
         )
         if config.in_place_restarts:
             self.control = ControlChannel(load_master_key(config.control_key_file))

@@ -1,11 +1,19 @@
 """The operator's end of the control channel to the workers' supervisors (aiohttp).
 
-Every request is signed with the job's key (``tpu_operator.supervision``: HMAC over the
-method, path, time, a nonce and the body; the key never crosses the network), sent to the
-pod IP and control port, bounded in concurrency across all jobs and in time per request.
-Commands are idempotent on the supervisor's side (``stop`` for attempt N stops nothing
-newer, ``start`` for N does nothing once N runs), so a reconcile that is cut short simply
-sends them again.
+Every request is signed with the job's key for one pod (``tpu_operator.supervision``:
+HMAC over the method, path, the pod's UID, time, a nonce and the body; the key never
+crosses the network) and sent to the pod IP and control port. Its answer counts only if
+the supervisor signed it for that request: anything else on the pod's address (a pod that
+took over a reused IP, a process on a hostNetwork node) cannot say a process stopped.
+
+Bounded against supervisors that misbehave: every request has a timeout (a stop too: the
+supervisor answers it within ``supervision.STOP_ANSWER_WAIT_S``, with state ``stopping``
+if the process has not ended yet); answers are read up to ``MAX_ANSWER_BYTES`` and cut
+there, never decompressed and never followed to a redirect; requests in flight are
+bounded per job (``PER_JOB``) and in total (``CONCURRENCY``), so one job's pods that never
+answer hold at most a share of the channel. Commands are idempotent on the supervisor's
+side (``stop`` for N stops nothing newer, ``start`` for N does nothing once N runs), so a
+reconcile that is cut short simply sends them again.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import contextlib
 import json
 import logging
 import secrets
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,10 +34,15 @@ from tpu_operator import contract, supervision
 
 log = logging.getLogger(__name__)
 
-CONCURRENCY = 64
+CONCURRENCY = 128
 """Requests in flight at once, over all jobs (a 1,024-host restart sends 2 per pod)."""
+PER_JOB = 64
+"""Requests in flight at once for one job: one job's supervisors, answering or not, never
+hold more than half of the channel."""
 REQUEST_TIMEOUT_SECONDS = 5.0
-"""A status or start request; a stop may take the worker's termination grace on top."""
+"""Any request, from connecting to the last byte of the answer."""
+MAX_ANSWER_BYTES = supervision.MAX_BODY_BYTES
+"""An answer's body, at most (a status is under 16 KiB); a longer one is cut and refused."""
 KEY_BYTES = 32
 
 
@@ -65,7 +79,9 @@ class ProcessState:
             raise ControlError(f"the supervisor answered {type(raw).__name__}, not an object")
         state, attempt = raw.get("state"), raw.get("attempt")
         if not isinstance(state, str) or not isinstance(attempt, int):
-            raise ControlError(f"the supervisor's answer lacks state/attempt: {raw!r:.200}")
+            raise ControlError(
+                f"the supervisor's answer lacks state/attempt: {printable(repr(raw))}"
+            )
         code = raw.get("exit_code")
         reason = raw.get("exit_reason")
         exited = raw.get("exited_at")
@@ -73,13 +89,46 @@ class ProcessState:
             state=state,
             attempt=attempt,
             exit_code=code if isinstance(code, int) else None,
-            exit_reason=reason if isinstance(reason, str) else None,
+            exit_reason=printable(reason, 100) if isinstance(reason, str) else None,
             exited_at=float(exited) if isinstance(exited, int | float) else None,
         )
 
     @property
     def running(self) -> bool:
         return self.state in ("running", "stopping")
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` from a pod, fit for a log line or a status message: printable ASCII only,
+    at most ``limit`` characters."""
+    cleaned = "".join(c if " " <= c <= "~" else "?" for c in text.strip()[: limit + 1])
+    return cleaned if len(cleaned) <= limit else cleaned[:limit] + "..."
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer as read within the bounds: its code, signature and (whole) body."""
+
+    status: int
+    signature: str | None
+    body: bytes
+
+
+async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body of ``response``, refused (ControlError) once it passes ``limit`` bytes,
+    whatever Content-Length says; compressed bodies are refused unread."""
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise ControlError(f"the answer is compressed ({printable(encoding, 40)}); not read")
+    declared = response.content_length
+    if declared is not None and declared > limit:
+        raise ControlError(f"the answer has {declared} bytes, over the {limit}-byte cap; not read")
+    data = bytearray()
+    async for chunk in response.content.iter_any():
+        data += chunk
+        if len(data) > limit:
+            raise ControlError(f"the answer passed the {limit}-byte cap; cut there")
+    return bytes(data)
 
 
 def load_master_key(path: str | None) -> bytes:
@@ -106,11 +155,19 @@ class ControlChannel:
         master_key: bytes,
         *,
         concurrency: int = CONCURRENCY,
+        per_job: int = PER_JOB,
         timeout: float = REQUEST_TIMEOUT_SECONDS,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+        port: int = contract.DEFAULT_CONTROL_PORT,
     ) -> None:
         self.master_key = master_key
         self.timeout = timeout
+        self.max_answer_bytes = max_answer_bytes
+        self.port = port
         self._limit = asyncio.Semaphore(concurrency)
+        self._per_job = per_job
+        self._jobs: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}
+        """Per job: its semaphore and how many requests use it (dropped at 0)."""
         self._session: aiohttp.ClientSession | None = None
 
     def key_for(self, job_uid: str) -> bytes:
@@ -121,79 +178,141 @@ class ControlChannel:
             await self._session.close()
             self._session = None
 
+    @contextlib.asynccontextmanager
+    async def _slot(self, job_uid: str) -> AsyncIterator[None]:
+        """A place among the job's requests, then among all (a job waiting for its own
+        share holds none of the others')."""
+        entry = self._jobs.get(job_uid)
+        if entry is None:
+            entry = self._jobs[job_uid] = (asyncio.Semaphore(self._per_job), [0])
+        semaphore, users = entry
+        users[0] += 1
+        try:
+            async with semaphore, self._limit:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._jobs[job_uid]
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                # A connection per request (the supervisor closes each anyway): nothing a
+                # pod sent after its answer is read as the next answer.
+                connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                trust_env=False,
+                auto_decompress=False,
+            )
+        return self._session
+
     async def _request(
         self,
         job_uid: str,
+        pod_uid: str,
         pod_ip: str | None,
         method: str,
         path: str,
         payload: dict[str, Any] | None,
-        seconds: float,
     ) -> ProcessState:
         if not pod_ip:
             raise ControlError("the pod has no IP")
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0), trust_env=False
-            )
+        if not pod_uid:
+            raise ControlError("the pod has no UID")
         body = json.dumps(payload).encode() if payload is not None else b""
         host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
-        url = f"http://{host}:{contract.DEFAULT_CONTROL_PORT}{path}"
+        url = f"http://{host}:{self.port}{path}"
+        key = self.key_for(job_uid)
+        nonce = supervision.new_nonce()
         headers = {
-            "Authorization": supervision.sign(self.key_for(job_uid), method, path, body),
+            "Authorization": supervision.sign(key, method, path, body, pod=pod_uid, nonce=nonce),
             "Content-Type": "application/json",
+            "Accept-Encoding": "identity",
         }
-        async with self._limit:
+        async with self._slot(job_uid):
             try:
-                async with self._session.request(
-                    method,
-                    url,
-                    data=body or None,
-                    headers=headers,
-                    timeout=aiohttp.ClientTimeout(total=seconds),
-                ) as response:
-                    text = await response.text()
-                    if response.status == 200:
-                        return ProcessState.parse(json.loads(text))
-                    state = None
-                    if response.status == 409:
-                        with contextlib.suppress(ValueError, ControlError):
-                            state = ProcessState.parse(json.loads(text))
-                    raise ControlError(
-                        f"{method} {path}: HTTP {response.status}: {text.strip()[:200]}",
-                        status=response.status,
-                        state=state,
-                    )
-            except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
-                raise ControlError(
-                    f"{method} {url}: {type(exc).__name__}: {exc}".rstrip(": ")
-                ) from None
+                async with asyncio.timeout(self.timeout):
+                    answer = await self._send(method, url, body, headers)
+            except ControlError as exc:
+                raise ControlError(f"{method} {url}: {exc}") from None
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                what = f"{type(exc).__name__}: {printable(str(exc))}".rstrip(": ")
+                if isinstance(exc, TimeoutError):
+                    what = f"no answer within {self.timeout:g} s"
+                raise ControlError(f"{method} {url}: {what}") from None
+        return self._parse(key, pod_uid, nonce, method, url, answer)
 
-    async def status(self, job_uid: str, pod_ip: str | None) -> ProcessState:
-        return await self._request(
-            job_uid, pod_ip, "GET", supervision.STATUS_PATH, None, self.timeout
-        )
+    async def _send(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> Answer:
+        async with self._client().request(
+            method,
+            url,
+            data=body or None,
+            headers=headers,
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=self.timeout),
+        ) as response:
+            data = await read_bounded(response, self.max_answer_bytes)
+            return Answer(response.status, response.headers.get(supervision.ANSWER_HEADER), data)
+
+    def _parse(
+        self, key: bytes, pod_uid: str, nonce: str, method: str, url: str, answer: Answer
+    ) -> ProcessState:
+        where = f"{method} {url}"
+        if answer.status not in (200, 409):
+            text = printable(answer.body.decode("utf-8", "replace"))
+            raise ControlError(f"{where}: HTTP {answer.status}: {text}", status=answer.status)
+        try:
+            supervision.verify_answer(
+                key,
+                pod_uid,
+                nonce,
+                answer.status,
+                answer.body,
+                answer.signature,
+            )
+        except supervision.AuthError as exc:
+            raise ControlError(
+                f"{where}: HTTP {answer.status} not from the pod's supervisor: {exc}"
+            ) from None
+        try:
+            state = ProcessState.parse(json.loads(answer.body))
+        except ValueError as exc:
+            raise ControlError(f"{where}: the answer is not JSON: {printable(str(exc))}") from None
+        if answer.status == 409:
+            raise ControlError(
+                f"{where}: HTTP 409: refused in state {state.state} of attempt {state.attempt}",
+                status=409,
+                state=state,
+            )
+        return state
+
+    async def status(self, job_uid: str, pod_uid: str, pod_ip: str | None) -> ProcessState:
+        return await self._request(job_uid, pod_uid, pod_ip, "GET", supervision.STATUS_PATH, None)
 
     async def stop(
-        self, job_uid: str, pod_ip: str | None, attempt: int, grace: float
+        self, job_uid: str, pod_uid: str, pod_ip: str | None, attempt: int, grace: float
     ) -> ProcessState:
+        """Stop the process of ``attempt`` or older; the answer says ``stopping`` while it
+        still runs (ask again)."""
         payload = {"attempt": attempt, "grace_seconds": grace}
-        return await self._request(
-            job_uid, pod_ip, "POST", supervision.STOP_PATH, payload, self.timeout + grace
-        )
+        return await self._request(job_uid, pod_uid, pod_ip, "POST", supervision.STOP_PATH, payload)
 
     async def start(
-        self, job_uid: str, pod_ip: str | None, attempt: int, env: dict[str, str]
+        self, job_uid: str, pod_uid: str, pod_ip: str | None, attempt: int, env: dict[str, str]
     ) -> ProcessState:
-        payload = {"attempt": attempt, "env": env}
+        try:
+            allowed = supervision.check_start_env(env, attempt)
+        except supervision.MessageError as exc:
+            raise ControlError(str(exc)) from None
+        payload = {"attempt": attempt, "env": allowed}
         return await self._request(
-            job_uid, pod_ip, "POST", supervision.START_PATH, payload, self.timeout
+            job_uid, pod_uid, pod_ip, "POST", supervision.START_PATH, payload
         )
 
     async def checkpoint(
-        self, job_uid: str, pod_ip: str | None, attempt: int, request_id: str
+        self, job_uid: str, pod_uid: str, pod_ip: str | None, attempt: int, request_id: str
     ) -> ProcessState:
         payload = {"attempt": attempt, "id": request_id}
         return await self._request(
-            job_uid, pod_ip, "POST", supervision.CHECKPOINT_PATH, payload, self.timeout
+            job_uid, pod_uid, pod_ip, "POST", supervision.CHECKPOINT_PATH, payload
         )

@@ -28,6 +28,12 @@ spec change, a failure, the last pod of a gang becoming ready) is not held back.
 ``settle_of``, if given, says per key how long (a slice of a multislice job settles
 longer: ``pacing.shared_interval``).
 
+``deadline``: a reconcile that runs longer is cancelled, logged (with what to look at) and
+retried with the failure backoff. Cancelling one is safe anywhere: a reconcile commits its
+decision to the object's status in one write before it acts, and every act is idempotent,
+so the next one finds the committed status and acts again (a write that was on its way
+when the reconcile was cancelled has landed or not, as after a lost connection).
+
 A failure is logged as one line per attempt, with the delay before the next one. Errors of
 the ``quiet`` types (failed API requests: they name the request and the apiserver's answer)
 get no traceback: during an apiserver outage every key fails every few seconds, and a
@@ -83,8 +89,10 @@ class WorkQueue(Generic[K]):
         settle: float = 0.0,
         settle_of: Callable[[K], float] | None = None,
         quiet: tuple[type[Exception], ...] = (),
+        deadline: float | None = None,
     ) -> None:
         self.name = name
+        self.deadline = deadline
         self.min_interval = min_interval
         self.settle = settle
         self._spacing_of = spacing
@@ -224,7 +232,8 @@ class WorkQueue(Generic[K]):
             started = time.monotonic()
             ok = True
             try:
-                again = await self._handler(key)
+                async with asyncio.timeout(self.deadline) as deadline:
+                    again = await self._handler(key)
                 self._failures.pop(key, None)
                 if again is not None:
                     self._schedule(key, max(again, 0.001))
@@ -237,11 +246,24 @@ class WorkQueue(Generic[K]):
                 delay = retry_delay(
                     failures, self._base_retry, self._max_retry, getattr(exc, "retry_after", None)
                 )
-                if isinstance(exc, self._quiet):
+                if isinstance(exc, TimeoutError) and deadline.expired():
+                    log.warning(
+                        "%s %s: the reconcile passed its deadline of %g s and was cancelled; "
+                        "retrying in %.1f s. Its decisions are committed before it acts, so "
+                        "the next one goes on from there. If this repeats: look for a slow "
+                        "apiserver (tpu_operator_api_request_duration_seconds) or worker "
+                        "supervisors that do not answer (the object's pods), or raise "
+                        "--reconcile-deadline for objects of thousands of hosts",
+                        self.name,
+                        _describe(key),
+                        self.deadline,
+                        delay,
+                    )
+                elif isinstance(exc, self._quiet):
                     log.warning(
                         "%s %s: reconcile failed (%s); retrying in %.1f s",
                         self.name,
-                        "/".join(map(str, key)) if isinstance(key, tuple) else key,
+                        _describe(key),
                         exc,
                         delay,
                     )
@@ -259,3 +281,7 @@ class WorkQueue(Generic[K]):
             if key in self._dirty:
                 self._dirty.discard(key)
                 self._schedule(key, 0.0)
+
+
+def _describe(key: Hashable) -> str:
+    return "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
