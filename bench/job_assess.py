@@ -29,10 +29,9 @@ import micro
 
 from tpu_operator import contract
 from tpu_operator.reconcile.gangs import GangParts
-from tpu_operator.reconcile.pools import stopping_count
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.runtime.listwatch import NODES, PODS, Store
-from tpu_operator.state.gang import assess, members_of, nodes_of
+from tpu_operator.state.gang import assess, members_of, nodes_of, stopping_count
 from tpu_operator.state.views import PodView, node_view
 
 NAMESPACE, JOB, HOSTS_PER_SLICE, ATTEMPT = "bench", "big", 64, 1

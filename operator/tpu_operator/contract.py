@@ -42,6 +42,12 @@ NODE_LABEL_TOPOLOGY: Final = "cloud.google.com/gke-tpu-topology"
 NODE_LABEL_NODEPOOL: Final = "cloud.google.com/gke-nodepool"
 NODE_LABEL_SPOT: Final = "cloud.google.com/gke-spot"
 NODE_LABEL_RESERVATION: Final = "cloud.google.com/reservation-name"
+NODE_LABEL_SLICE_POOL: Final = PREFIX + "slice-pool"
+"""Node label (and taint key) of a node pool GKE created for one slice
+(``placement/provisioning.py``)."""
+CLAIM_PREFIX: Final = "auto:"
+"""Prefix of a claim reference: a pool GKE is asked to create (``auto:<label value>``), as
+``status.nodePools`` and a pod's pool key name it."""
 TPU_RESOURCE: Final = "google.com/tpu"
 TPU_TAINT_KEY: Final = "google.com/tpu"
 TPU_TAINT_VALUE: Final = "present"
@@ -139,6 +145,11 @@ EXIT_RENDEZVOUS_FAILED: Final = 76
 # SIGABRT (128 + 6): JAX's coordination service aborted the process because another
 # process of the job stopped heartbeating.
 EXIT_ABORTED_BY_JAX: Final = 134
+
+
+def claim_ref(value: str) -> str:
+    """The claim reference of a slice-pool label value (``placement/provisioning.py``)."""
+    return CLAIM_PREFIX + value
 
 
 def pod_name(slice_name: str, worker_index: int) -> str:

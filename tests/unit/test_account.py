@@ -211,7 +211,7 @@ def test_timestamps_round_trip_at_second_precision_in_utc():
     """The one timestamp module the account, the progress report and conditions share."""
     from tpu_operator import timestamps
     from tpu_operator.progress import report
-    from tpu_operator.reconcile import conditions
+    from tpu_operator.api import conditions
 
     local = dt.datetime(2026, 1, 1, 3, 4, 5, 678000, tzinfo=dt.timezone(dt.timedelta(hours=2)))
     assert timestamps.stamp(local) == "2026-01-01T01:04:05Z"

@@ -12,10 +12,9 @@ from hypothesis import strategies as st
 from tests.unit.test_gang import pod
 from tpu_operator import contract
 from tpu_operator.reconcile.gangs import GangParts
-from tpu_operator.reconcile.pools import stopping_count
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.runtime.listwatch import NODES, PODS
-from tpu_operator.state.gang import ProcessReport, assess, members_of, nodes_of
+from tpu_operator.state.gang import ProcessReport, assess, members_of, nodes_of, stopping_count
 from tpu_operator.state.views import PodView, node_view
 
 pytestmark = pytest.mark.unit

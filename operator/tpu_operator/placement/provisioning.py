@@ -25,11 +25,11 @@ from typing import Final
 
 from tpu_operator import contract
 
-SLICE_POOL_LABEL: Final = contract.PREFIX + "slice-pool"
+SLICE_POOL_LABEL: Final = contract.NODE_LABEL_SLICE_POOL
 """Node label (and taint key) of a node pool GKE created for one slice."""
-CLAIM_PREFIX: Final = "auto:"
-"""Prefix of a claim reference: a pool GKE is asked to create (``auto:<label value>``)."""
+CLAIM_PREFIX: Final = contract.CLAIM_PREFIX
 _NAME_CHARS: Final = 40
+claim_ref = contract.claim_ref
 
 
 def claim_value(name: str, uid: str, index: int | None = None) -> str:
@@ -41,10 +41,6 @@ def claim_value(name: str, uid: str, index: int | None = None) -> str:
     digest = hashlib.sha256(f"{uid}/{index}".encode()).hexdigest()[:8]
     stem = name[:_NAME_CHARS].rstrip("-.")
     return f"{stem}-{index}-{digest}" if index is not None else f"{stem}-{digest}"
-
-
-def claim_ref(value: str) -> str:
-    return CLAIM_PREFIX + value
 
 
 def claim_of(ref: str | None) -> str | None:

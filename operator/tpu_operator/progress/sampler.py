@@ -26,10 +26,10 @@ import aiohttp
 from pydantic import ValidationError
 
 from tpu_operator import contract, worker_metrics
+from tpu_operator.api.conditions import parse as parse_time
 from tpu_operator.api.monitoring import Monitoring, seconds
 from tpu_operator.progress.samples import WorkerSample, parse
 from tpu_operator.progress.tracker import JobTrack
-from tpu_operator.reconcile.conditions import parse as parse_time
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.state.views import PodView
 

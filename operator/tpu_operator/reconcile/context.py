@@ -10,9 +10,9 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from tpu_operator import contract
+from tpu_operator.api.conditions import now as utc_now
+from tpu_operator.api.conditions import set_condition, stamp
 from tpu_operator.api.status import Reason
-from tpu_operator.reconcile.conditions import now as utc_now
-from tpu_operator.reconcile.conditions import set_condition, stamp
 from tpu_operator.reconcile.expectations import CreatedPods, DeletedPods, PodsInFlight
 from tpu_operator.reconcile.pacing import StatusPacer
 from tpu_operator.reconcile.supervisors import Supervisors

@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tpu_operator import contract
-from tpu_operator.reconcile.pools import stopping_count
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.state.gang import (
     GangState,
@@ -37,6 +36,7 @@ from tpu_operator.state.gang import (
     combine,
     members_of,
     nodes_of,
+    stopping_count,
 )
 
 PartKey = tuple[int, int, bool, int, int, int]
@@ -52,7 +52,7 @@ class SlicePart:
     pods: int
     """The job's pods filed under this slice, of any attempt."""
     stopping: tuple[int, int]
-    """(active, terminating) among them (``pools.stopping_count``)."""
+    """(active, terminating) among them (``state.gang.stopping_count``)."""
 
 
 @dataclass(frozen=True, slots=True)

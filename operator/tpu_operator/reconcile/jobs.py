@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from tpu_operator import contract, supervision
 from tpu_operator.api.common import Failure
+from tpu_operator.api.conditions import parse, set_condition, stamp
 from tpu_operator.api.job import QueueStatus, SliceSummary, TPUJobSpec, TPUJobStatus
 from tpu_operator.api.monitoring import Monitoring, seconds
 from tpu_operator.api.policy import FailurePolicy
@@ -56,7 +57,6 @@ from tpu_operator.decisions import book_restart, decide, restart_kind
 from tpu_operator.placement.pools import shape_words
 from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_of, is_claim
 from tpu_operator.progress.account import Account
-from tpu_operator.reconcile.conditions import parse, set_condition, stamp
 from tpu_operator.reconcile.context import (
     RETRY_AFTER_CONFLICT,
     Context,
@@ -76,7 +76,6 @@ from tpu_operator.reconcile.pools import (
     requests_for,
     resolve_claims,
     slice_pool_values,
-    stopping_count,
 )
 from tpu_operator.reconcile.queueing import Queueing
 from tpu_operator.runtime.kube import ApiError, namespaced, send_all
@@ -91,6 +90,7 @@ from tpu_operator.state.gang import (
     members_of,
     nodes_of,
     scheduler_wait,
+    stopping_count,
 )
 from tpu_operator.state.views import PodView
 

@@ -111,19 +111,6 @@ def pod_holder(pod: PodView) -> str:
     return slice_holder(pod.namespace, pod.slice_name)
 
 
-def stopping_count(pods: Iterable[PodView]) -> tuple[int, int]:
-    """(active, terminating): unfinished pods not yet marked for deletion, and marked ones."""
-    active = terminating = 0
-    for pod in pods:
-        if pod.terminal:
-            continue
-        if pod.deleting:
-            terminating += 1
-        else:
-            active += 1
-    return active, terminating
-
-
 class HeldPools(Mapping[str, str]):
     """Node pools held by anyone but ``exclude``: pool -> who holds it, in words.
 

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from tpu_operator import contract
 from tpu_operator.api.common import Failure
+from tpu_operator.api.conditions import parse, set_condition, stamp
 from tpu_operator.api.policy import FailurePolicy
 from tpu_operator.api.slice import TPUSliceSpec, TPUSliceStatus
 from tpu_operator.api.status import TERMINAL_PHASES, ConditionType, Phase, Reason, ResolvedShape
@@ -41,7 +42,6 @@ from tpu_operator.builders.wiring import PodWiring, Ports
 from tpu_operator.catalog import CatalogError, SliceShape
 from tpu_operator.decisions import book_restart, decide
 from tpu_operator.placement.provisioning import is_claim
-from tpu_operator.reconcile.conditions import parse, set_condition, stamp
 from tpu_operator.reconcile.context import (
     RETRY_AFTER_CONFLICT,
     Context,
@@ -60,7 +60,6 @@ from tpu_operator.reconcile.pools import (
     resolve_claims,
     slice_holder,
     slice_pool_values,
-    stopping_count,
 )
 from tpu_operator.runtime.caches import slice_sharing
 from tpu_operator.runtime.kube import ApiError, namespaced, send_all
@@ -72,6 +71,7 @@ from tpu_operator.state.gang import (
     members_of,
     nodes_of,
     scheduler_wait,
+    stopping_count,
 )
 from tpu_operator.state.views import PodView
 

@@ -162,6 +162,19 @@ def may_end_attempt(pod: PodView) -> bool:
     )
 
 
+def stopping_count(pods: Iterable[PodView]) -> tuple[int, int]:
+    """(active, terminating): unfinished pods not yet marked for deletion, and marked ones."""
+    active = terminating = 0
+    for pod in pods:
+        if pod.terminal:
+            continue
+        if pod.deleting:
+            terminating += 1
+        else:
+            active += 1
+    return active, terminating
+
+
 def nodes_of(pods: Iterable[PodView], tombstones: Mapping[str, PodView]) -> Iterator[str | None]:
     """The nodes of a gang's pods and of its deleted pods (``assess``'s tombstones): the
     ones among them that are not Ready or gone are what ``not_ready_nodes`` is asked."""

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from tpu_operator import contract
-from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_ref
 from tpu_operator.state.documents import (
     EMPTY_METADATA,
     Condition,
@@ -286,8 +285,8 @@ def pod_view(body: PodDocument | Mapping[str, Any], trusts: Trusts | None = None
     )
     selector = spec.nodeSelector or {}
     pool = selector.get(contract.NODE_LABEL_NODEPOOL)
-    if pool is None and selector.get(SLICE_POOL_LABEL):
-        pool = claim_ref(selector[SLICE_POOL_LABEL])
+    if pool is None and selector.get(contract.NODE_LABEL_SLICE_POOL):
+        pool = contract.claim_ref(selector[contract.NODE_LABEL_SLICE_POOL])
     return PodView(
         name=meta.name,
         namespace=_shared(meta.namespace or ""),
@@ -389,6 +388,6 @@ def node_view(body: NodeDocument | Mapping[str, Any]) -> NodeView:
         reservation=_shared(labels.get(contract.NODE_LABEL_RESERVATION)),
         tpu_chips=_int(allocatable.get(contract.TPU_RESOURCE), 0),
         machine_type=_shared(labels.get(INSTANCE_TYPE_LABEL)),
-        slice_pool=_shared(labels.get(SLICE_POOL_LABEL)),
+        slice_pool=_shared(labels.get(contract.NODE_LABEL_SLICE_POOL)),
         disruption_notice=maintenance_notice(labels, spec.taints or []),
     )
