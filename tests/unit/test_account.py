@@ -210,8 +210,8 @@ def test_restart_downtime_starts_after_the_shutdown_already_booked():
 def test_timestamps_round_trip_at_second_precision_in_utc():
     """The one timestamp module the account, the progress report and conditions share."""
     from tpu_operator import timestamps
-    from tpu_operator.progress import report
     from tpu_operator.api import conditions
+    from tpu_operator.progress import report
 
     local = dt.datetime(2026, 1, 1, 3, 4, 5, 678000, tzinfo=dt.timezone(dt.timedelta(hours=2)))
     assert timestamps.stamp(local) == "2026-01-01T01:04:05Z"

@@ -18,6 +18,7 @@ from tpu_operator.placement.pools import (
     choose_machine,
     pools_from_nodes,
     provisions,
+    requests_for,
     resolve_claim,
     vanished_pools,
     with_default,
@@ -28,7 +29,7 @@ from tpu_operator.placement.provisioning import (
     claim_ref,
     claim_value,
 )
-from tpu_operator.reconcile.pools import requests_for, slice_pool_values
+from tpu_operator.reconcile.pools import slice_pool_values
 from tpu_operator.state.views import NodeView, node_view, pod_view
 
 pytestmark = pytest.mark.unit

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from tpu_operator.api.policy import Placement
 from tpu_operator.catalog import GENERATIONS, SliceShape
 from tpu_operator.placement.provisioning import claim_of, claim_ref
 from tpu_operator.state.views import NodeView
@@ -405,3 +406,27 @@ def vanished_pools(
 
 def _gone(index: int, what: str, pool: str, why: str) -> str:
     return f"slice {index}: {what} {pool} has no nodes; {why}"
+
+
+def requests_for(
+    shape: SliceShape,
+    placement: Placement | None,
+    count: int,
+    claims: list[str] | None = None,
+) -> list[Request]:
+    """What each of ``count`` slices of ``shape`` needs from a pool; ``claims`` are the
+    slice-pool label values the slices use if GKE is to create their pools."""
+    pins = placement.node_pools if placement and placement.node_pools else None
+    setting = placement.provisioning if placement else None
+    provision = None if setting is None else setting == "Auto"
+    return [
+        Request(
+            shape,
+            spot=placement.spot if placement else None,
+            reservation=placement.reservation if placement else None,
+            pinned=pins[i] if pins else None,
+            provision=provision if claims is not None else False,
+            claim=claims[i] if claims else None,
+        )
+        for i in range(count)
+    ]

@@ -13,6 +13,7 @@ from tpu_operator import contract
 from tpu_operator.api.conditions import now as utc_now
 from tpu_operator.api.conditions import set_condition, stamp
 from tpu_operator.api.status import Reason
+from tpu_operator.policies.plan import Metrics, SliceRefusal
 from tpu_operator.reconcile.expectations import CreatedPods, DeletedPods, PodsInFlight
 from tpu_operator.reconcile.pacing import StatusPacer
 from tpu_operator.reconcile.supervisors import Supervisors
@@ -33,14 +34,6 @@ class Events(Protocol):
 
 class Enqueue(Protocol):
     def add(self, key: tuple[str, str], after: float = 0.0) -> None: ...
-
-
-class Metrics(Protocol):
-    """The subset of operator metrics the reconcilers report."""
-
-    def pod_created(self, seconds: float) -> None: ...
-    def restart(self, kind: str, reason: str) -> None: ...
-    def time_to_running(self, seconds: float) -> None: ...
 
 
 class NoMetrics:
@@ -80,18 +73,6 @@ class Reservations:
     def release(self, holder: str) -> None:
         for pool in [p for p, h in self.by_pool.items() if h == holder]:
             del self.by_pool[pool]
-
-
-@dataclass(frozen=True)
-class SliceRefusal:
-    """The apiserver's refusal of a job's TPUSlice write."""
-
-    uid: str
-    """The job's UID (a job of the same name created later is another job)."""
-    invalid: bool
-    """Rejected as invalid (400/422): the spec makes a slice the API cannot take, and the
-    job fails; otherwise (an admission policy, a quota) the write is retried."""
-    message: str
 
 
 @dataclass

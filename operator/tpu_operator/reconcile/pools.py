@@ -58,12 +58,6 @@ from tpu_operator.reconcile.context import Context
 from tpu_operator.runtime.ownership import slice_job_name
 from tpu_operator.state.views import PodView
 
-POOL_RETRY_SECONDS = 15.0
-"""Safety net for an object waiting for node pools: it is also woken by node events and
-by the last pod leaving a pool."""
-MIN_REQUEUE_SECONDS = 0.05
-"""The shortest requeue a reconciler asks for (0 would read as "no requeue")."""
-
 
 def job_holder(namespace: str, name: str) -> str:
     return f"{contract.JOB_KIND} {namespace}/{name}"
@@ -198,30 +192,6 @@ def tpu_pools(ctx: Context) -> dict[str, PoolView]:
     return ctx.caches.from_nodes("pools", pools_from_nodes)
 
 
-def requests_for(
-    shape: SliceShape,
-    placement: Placement | None,
-    count: int,
-    claims: list[str] | None = None,
-) -> list[Request]:
-    """What each of ``count`` slices of ``shape`` needs from a pool; ``claims`` are the
-    slice-pool label values the slices use if GKE is to create their pools."""
-    pins = placement.node_pools if placement and placement.node_pools else None
-    setting = placement.provisioning if placement else None
-    provision = None if setting is None else setting == "Auto"
-    return [
-        Request(
-            shape,
-            spot=placement.spot if placement else None,
-            reservation=placement.reservation if placement else None,
-            pinned=pins[i] if pins else None,
-            provision=provision if claims is not None else False,
-            claim=claims[i] if claims else None,
-        )
-        for i in range(count)
-    ]
-
-
 def slice_pool_values(
     meta: dict[str, Any], slices: int | None, renewal: int | None = None
 ) -> list[str]:
@@ -325,20 +295,16 @@ def machine_for(
     )
 
 
-def renew_vanished_pools(
+def vanished(
     ctx: Context,
-    meta: dict[str, Any],
     refs: list[str],
     placement: Placement | None,
     created: Iterable[int],
-    attempt: int,
-) -> tuple[list[str], list[PoolGone]]:
-    """Look at a job's recorded pools (``refs``): a pool with no nodes that the slice
-    should not wait for is replaced by a new claim (its value new for ``attempt``; only
-    for slices not in ``created``, those without pods of ``attempt`` yet). Returns the new
-    list and every pool without nodes, with what was done and why (``PoolGone.message``,
-    for status and events)."""
-    gone = vanished_pools(
+) -> list[PoolGone]:
+    """A job's recorded pools (``refs``) with no nodes left, and what to do about each
+    (``placement/pools.vanished_pools``; ``created``: the slices whose pods of the current
+    attempt exist already)."""
+    return vanished_pools(
         refs,
         tpu_pools(ctx),
         pinned=placement.node_pools if placement else None,
@@ -347,11 +313,3 @@ def renew_vanished_pools(
         ),
         created=frozenset(created),
     )
-    if not any(g.reclaim for g in gone):
-        return refs, gone
-    values = slice_pool_values(meta, len(refs), renewal=attempt)
-    out = list(refs)
-    for g in gone:
-        if g.reclaim:
-            out[g.index] = claim_ref(values[g.index])
-    return out, gone

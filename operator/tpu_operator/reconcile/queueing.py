@@ -1,9 +1,10 @@
 """Kueue integration, I/O part: keep a TPUJob's Workload and tell Kueue what the job does.
 
-``JobRun`` asks :class:`Queueing` (built only for a Kueue-managed job of an operator run
-with ``--kueue``) for Kueue's verdict (``builders/workload.queue_state``, from the watch
-cache of Workloads), decides and commits the job's status as usual, and then calls
-:meth:`Queueing.act`, which brings the Workload in line with the committed status:
+:class:`KueueAdmission` is the job's admission (``policies/admission.py``) for a
+Kueue-managed job of an operator run with ``--kueue``: the driver asks it whether the job
+is held (Kueue's verdict, ``builders/workload.queue_state``, from the watch cache of
+Workloads), decides and commits the job's status as usual, and then calls its ``act``,
+which brings the Workload in line with the committed status:
 
 - no Workload: create it (a WorkloadPriorityClass named by ``kueue.x-k8s.io/priority-class``
   is read once for its value);
@@ -34,7 +35,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from tpu_operator.api.status import Reason
+from tpu_operator.api.conditions import stamp
+from tpu_operator.api.job import QueueStatus
+from tpu_operator.api.status import TERMINAL_PHASES, ConditionType, Phase, Reason
 from tpu_operator.builders.workload import (
     FINISHED,
     KUEUE_GROUP,
@@ -46,16 +49,23 @@ from tpu_operator.builders.workload import (
     WORKLOAD_PLURAL,
     Priority,
     QueueState,
+    apply_assignment,
     build_workload,
     clear_admission,
     flavor_names,
+    queue_name,
     queue_state,
+    reclaimable_pods,
     reclaimable_status,
     slice_node_selector,
     with_condition,
     workload_outdated,
 )
 from tpu_operator.catalog import SliceShape
+from tpu_operator.policies.admission import NO_ADMISSION, Admission
+from tpu_operator.policies.failure import fail
+from tpu_operator.policies.plan import Act, JobFacts, Plan
+from tpu_operator.policies.suspend import stopped
 from tpu_operator.reconcile.context import Context, job_ref
 from tpu_operator.runtime.kube import ApiError, namespaced
 
@@ -77,7 +87,7 @@ def workload_path(namespace: str, name: str | None = None, subresource: str | No
 
 @dataclass
 class WorkloadReport:
-    """What the committed job status tells Kueue (set by JobRun.decide)."""
+    """What the committed job status tells Kueue (``KueueAdmission.report``)."""
 
     release: bool = False
     """The evicted job's pods are gone: clear the admission."""
@@ -293,3 +303,122 @@ class Queueing:
                 + (f", priority {priority.class_name}={priority.value}" if priority else "")
                 + ")",
             )
+
+
+def admission_of(ctx: Context, body: dict[str, Any], shape: SliceShape, slices: int) -> Admission:
+    """A job's admission: Kueue's for a job labelled ``kueue.x-k8s.io/queue-name`` when the
+    operator runs with ``--kueue``, none otherwise."""
+    if ctx.caches.kueue and queue_name(body["metadata"]):
+        return KueueAdmission(Queueing(ctx, body, shape, slices))
+    return NO_ADMISSION
+
+
+class KueueAdmission:
+    """Kueue as a job's admission (``policies/admission.Admission``)."""
+
+    def __init__(self, queueing: Queueing) -> None:
+        self.queueing = queueing
+
+    async def observe(self) -> None:
+        await self.queueing.load_flavors()  # a new admission's ResourceFlavors
+
+    def pools(self) -> list[str] | None:
+        """Node pool per slice from Kueue's topology assignment, if it made one."""
+        assignment = self.queueing.state.assignment
+        if assignment is None or not assignment.node_pools:
+            return None
+        return list(assignment.node_pools)
+
+    def holds(self, facts: JobFacts, plan: Plan) -> bool:
+        """Held (no pods) until Kueue admits the Workload, stopped when Kueue evicts it;
+        the quota goes back once the pods are gone (PodsStopped)."""
+        queueing = self.queueing
+        status = plan.status
+        state = queueing.state
+        previous = status.queue or QueueStatus()
+        assignment = state.assignment
+        status.queue = QueueStatus(
+            workload=queueing.workload_name,
+            local_queue=queue_name(queueing.body["metadata"]) or "",
+            cluster_queue=assignment.cluster_queue if assignment else previous.cluster_queue,
+            state=state.state,
+            reason=state.reason,
+            message=state.message,
+            flavors=(assignment.flavors or None) if assignment else previous.flavors,
+            admissions=previous.admissions + int(state.admitted and previous.state != "Admitted"),
+        )
+        if state.admitted and state.conflict and previous.state != "Admitted":
+            # Judged when an admission starts the job, as Kueue does (a running job keeps
+            # its pods). The Workload is marked Finished, which frees the quota.
+            message = f"cannot run on Kueue's admission: {state.conflict}"
+            plan.event("Warning", Reason.ADMISSION_CONFLICT, message)
+            fail(facts, plan, Reason.ADMISSION_CONFLICT, message, None)
+            return True
+        if state.admitted and assignment is not None:
+            where = f"ClusterQueue {assignment.cluster_queue}"
+            if assignment.flavors:
+                where += " (" + ", ".join(f"{k}: {v}" for k, v in assignment.flavors.items()) + ")"
+            if previous.state != "Admitted":
+                plan.event("Normal", Reason.ADMITTED, f"admitted by Kueue to {where}")
+            plan.condition(ConditionType.ADMITTED, True, Reason.ADMITTED, f"admitted to {where}")
+            plan.condition(ConditionType.QUEUED, False, Reason.ADMITTED, where)
+            if plan.has_condition(ConditionType.EVICTED):
+                plan.condition(ConditionType.EVICTED, False, Reason.ADMITTED)
+            plan.template = apply_assignment(facts.raw_spec.get("template") or {}, assignment)
+            return False
+        plan.act = Act.STOP
+        entering = status.phase != Phase.QUEUED
+        if status.attempt > 0:
+            # Evicted (or queued again after running): the attempt ends, and the time until
+            # Kueue admits the job again is booked as suspended.
+            plan.account.suspend(facts.total_workers)
+        status.phase = Phase.QUEUED
+        status.node_pools = None
+        status.restart_at = None
+        status.ready_workers = 0
+        status.ready = f"0/{facts.total_workers}"
+        stopping = status.active_pods + status.terminating_pods
+        if state.state == "Evicted":
+            if not plan.condition_is(ConditionType.EVICTED, True):
+                plan.event(
+                    "Warning",
+                    Reason.WORKLOAD_EVICTED,
+                    f"evicted by Kueue ({state.reason}): stopping the workers; {state.message}",
+                )
+            plan.condition(ConditionType.EVICTED, True, state.reason, state.message)
+            status.message = f"evicted by Kueue ({state.reason})"
+        else:
+            status.message = f"queued in {status.queue.local_queue}: {state.message}"
+        if stopping:
+            status.message += f"; {stopping} pods still stopping"
+        plan.condition(ConditionType.QUEUED, True, state.reason, state.message)
+        plan.condition(ConditionType.ADMITTED, False, state.reason, state.message)
+        plan.condition(ConditionType.RUNNING, False, Reason.QUEUED)
+        stopped(plan)
+        if state.state == "Evicted" and plan.condition_is(ConditionType.PODS_STOPPED, True):
+            # The job is no longer active: Kueue may give its quota to others now.
+            queueing.report.release = True
+        if entering:
+            plan.event("Normal", Reason.QUEUED, status.message)
+        return True
+
+    def report(self, facts: JobFacts, plan: Plan) -> None:
+        """What the committed status will tell Kueue (``WorkloadReport``)."""
+        queueing = self.queueing
+        status = plan.status
+        report = queueing.report
+        report.suspended = facts.spec.suspend and status.phase not in TERMINAL_PHASES
+        if status.phase in TERMINAL_PHASES:
+            report.finished = (status.phase == Phase.SUCCEEDED, status.message)
+        elif facts.spec.suspend:
+            # The quota goes back once the pods are gone (Kueue evicts the deactivated
+            # Workload; the operator clears the admission, as after any eviction).
+            report.release = plan.condition_is(ConditionType.PODS_STOPPED, True)
+        elif queueing.state.admitted:
+            report.pods_ready = status.phase == Phase.RUNNING
+            report.reclaimable = reclaimable_pods(
+                facts.pods, status.attempt, facts.shape.hosts, facts.spec.num_slices
+            )
+
+    async def act(self, plan: Plan) -> None:
+        await self.queueing.act(stamp(plan.now))

@@ -41,7 +41,10 @@ from tpu_operator.builders.supervision import Supervision
 from tpu_operator.builders.wiring import PodWiring, Ports
 from tpu_operator.catalog import CatalogError, SliceShape
 from tpu_operator.decisions import book_restart, decide
+from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import is_claim
+from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
+from tpu_operator.policies.start import POOL_RETRY_SECONDS
 from tpu_operator.reconcile.context import (
     RETRY_AFTER_CONFLICT,
     Context,
@@ -50,13 +53,10 @@ from tpu_operator.reconcile.context import (
     write_status,
 )
 from tpu_operator.reconcile.pools import (
-    MIN_REQUEUE_SECONDS,
-    POOL_RETRY_SECONDS,
     choose_pools,
     claim_toleration_value,
     job_holder,
     machine_for,
-    requests_for,
     resolve_claims,
     slice_holder,
     slice_pool_values,

@@ -1,0 +1,105 @@
+"""A failed attempt: the failure policy, the kind of restart, and failing the job.
+
+The failure is recorded (``status.lastFailure``), the policy decides whether it restarts
+and whether it counts against ``maxRestarts`` (``decisions.decide``), and a restart is
+booked with its backoff and its kind: in place (the supervisors stop and restart the
+training processes in the pods they have) or by recreating the pods
+(``decisions.restart_kind``). The next attempt is committed before any slice moves to it;
+pools that vanished are replaced before its pods exist (``pools.renew_vanished``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from tpu_operator import contract
+from tpu_operator.api.common import Failure
+from tpu_operator.api.conditions import stamp
+from tpu_operator.api.status import ConditionType, Phase, Reason, RestartKind
+from tpu_operator.decisions import book_restart, decide, restart_kind
+from tpu_operator.policies import pools
+from tpu_operator.policies.plan import Act, JobFacts, Plan, World
+from tpu_operator.policies.suspend import stopped
+from tpu_operator.state.gang import WorkerFailure
+
+
+def fail(facts: JobFacts, plan: Plan, reason: Reason, message: str, record: Failure | None) -> None:
+    """The job fails for good: its slices stop and it records no pools."""
+    status = plan.status
+    plan.act = Act.STOP
+    plan.account.close_attempt(facts.total_workers)
+    status.phase = Phase.FAILED
+    status.message = message
+    status.completion_time = stamp(plan.now)
+    status.restart_at = None
+    status.node_pools = None
+    if record is not None:
+        status.last_failure = record
+    plan.condition(ConditionType.FAILED, True, reason, message)
+    plan.condition(ConditionType.RUNNING, False, reason)
+    plan.condition(ConditionType.RESTARTING, False, reason)
+    plan.event("Warning", Reason.FAILED, message)
+    stopped(plan)
+
+
+def attempt_failed(
+    facts: JobFacts, plan: Plan, world: World, failure: WorkerFailure, attempt: int
+) -> None:
+    """``attempt`` failed with ``failure``: restart as the failure policy says, or fail."""
+    status = plan.status
+    decision = decide(
+        failure,
+        facts.policy,
+        status.counted_restarts,
+        count_stalls=facts.monitoring.count_stall_restarts,
+    )
+    failed_at = plan.now
+    track = facts.track
+    if failure.reason == Reason.STALLED and track and track.advanced_at:
+        # The attempt stopped being useful at its last step, not when that was noticed.
+        failed_at = dt.datetime.fromtimestamp(track.advanced_at, dt.UTC)
+    record = Failure(
+        attempt=attempt,
+        reason=failure.reason,
+        message=failure.message,
+        pod=failure.pod,
+        node=failure.node,
+        exit_code=failure.exit_code,
+        counted=decision.counted,
+        time=stamp(failed_at),
+    )
+    status.last_failure = record
+    if not decision.restart:
+        fail(facts, plan, decision.reason, decision.message, record)
+        return
+    plan.account.close_attempt(facts.total_workers)
+    delay = book_restart(status, decision, facts.policy)
+    status.restart_at = stamp(plan.now + dt.timedelta(seconds=delay)) if delay else None
+    status.attempt = attempt + 1
+    status.phase = Phase.RESTARTING
+    pods = facts.pods
+    kind, why = restart_kind(
+        supervised=facts.supervised,
+        refused=facts.supervision_refused,
+        mode=facts.policy.restart_mode,
+        failure=failure,
+        pods=[p for p in pods if p.attempt == attempt],
+        workers=facts.total_workers,
+        not_ready_nodes=world.not_ready_nodes(p.node for p in pods),
+    )
+    status.restart_kind = kind
+    status.in_place_since = stamp(plan.now) if kind == RestartKind.IN_PLACE else None
+    status.in_place_restarts += int(kind == RestartKind.IN_PLACE)
+    how = "in place" if kind == RestartKind.IN_PLACE else "by recreating the pods"
+    budget = f"{status.counted_restarts} of {facts.policy.max_restarts} counted restarts used"
+    status.message = (
+        f"restarting {how} ({why}) as attempt {attempt + 1} in {delay:.0f} s: {decision.message}"
+    )
+    plan.condition(ConditionType.RESTARTING, True, decision.reason, status.message)
+    plan.condition(ConditionType.RUNNING, False, Reason.RESTARTING)
+    plan.event("Warning", Reason.RESTARTING, f"{status.message} ({budget})")
+    plan.after_commit.append(lambda: world.metrics.restart(contract.JOB_KIND, decision.reason))
+    # Committed first, then the slices move to the next attempt (Act.RUN); its pods get
+    # new pools for those that vanished.
+    pools.renew_vanished(facts, plan, world, status.attempt, facts.created_slices(status.attempt))
+    if delay:
+        plan.after(delay)

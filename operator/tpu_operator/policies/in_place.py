@@ -1,0 +1,53 @@
+"""In-place restarts: one that cannot stop every process of the previous attempt, or that
+has not every worker running within ``failurePolicy.inPlaceTimeoutSeconds``, ends in a
+failure of the attempt (the next one recreates the pods: ``failure.restart_kind``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from tpu_operator.api.conditions import parse
+from tpu_operator.api.job import TPUJobStatus
+from tpu_operator.api.status import Phase, Reason, RestartKind
+from tpu_operator.policies.plan import JobFacts, Plan, World
+from tpu_operator.state.gang import Outcome, WorkerFailure
+
+
+def restarting_in_place(status: TPUJobStatus) -> bool:
+    """The committed attempt comes up in place and is not running yet."""
+    return (
+        status.restart_kind == RestartKind.IN_PLACE
+        and status.in_place_since is not None
+        and status.running_since is None
+        and status.phase in (Phase.RESTARTING, Phase.STARTING, Phase.PENDING)
+    )
+
+
+def failure(
+    facts: JobFacts, plan: Plan, world: World, attempt: int, outcome: Outcome
+) -> WorkerFailure | None:
+    """An in-place restart into ``attempt`` that cannot stop every process of the previous
+    one, or that is not running within inPlaceTimeoutSeconds."""
+    status = plan.status
+    if status.restart_kind != RestartKind.IN_PLACE or status.running_since:
+        return None
+    fallback = world.in_place_fallback(attempt)
+    if fallback is not None:
+        return WorkerFailure(Reason.SUPERVISOR_UNREACHABLE, fallback, "", None, None, None)
+    since = parse(status.in_place_since)
+    if since is None or outcome == "Running":
+        return None
+    timeout = facts.policy.in_place_timeout_seconds
+    bound = dt.timedelta(seconds=timeout)
+    if plan.now < since + bound:
+        plan.after((since + bound - plan.now).total_seconds())
+        return None
+    return WorkerFailure(
+        Reason.IN_PLACE_TIMEOUT,
+        f"the in-place restart into attempt {attempt} did not have every worker "
+        f"running within failurePolicy.inPlaceTimeoutSeconds ({timeout})",
+        "",
+        None,
+        None,
+        None,
+    )

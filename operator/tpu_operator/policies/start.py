@@ -1,0 +1,119 @@
+"""Placement and the start of an attempt: the first run, and every resume.
+
+A multi-host attempt never starts without a node pool recorded for every slice: the pools
+are chosen for all slices at once (``placement/pools.allocate``, through the world, which
+reserves them) or taken from an admission's topology assignment; with none free the job
+waits in ``Pending`` and says why. The attempt is committed first; the slices are created
+(or moved to it) once the status is written (``Act.RUN``).
+"""
+
+from __future__ import annotations
+
+from tpu_operator.api.conditions import stamp
+from tpu_operator.api.status import ConditionType, Phase, Reason
+from tpu_operator.placement.pools import requests_for, shape_words
+from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_of, is_claim
+from tpu_operator.policies.plan import Act, JobFacts, Plan, World
+
+POOL_RETRY_SECONDS = 15.0
+"""Safety net for an object waiting for node pools: it is also woken by node events and
+by the last pod leaving a pool."""
+
+
+def should_start(facts: JobFacts, plan: Plan, attempt: int) -> bool:
+    """Not started, resumed, or resumed and still waiting for node pools: a multi-host
+    attempt never runs without its pools recorded."""
+    status = plan.status
+    return (
+        attempt == 0
+        or status.phase in (Phase.SUSPENDED, Phase.QUEUED)
+        or (facts.shape.multi_host and not status.node_pools)
+    )
+
+
+def start(
+    facts: JobFacts, plan: Plan, world: World, attempt: int, admitted: list[str] | None
+) -> None:
+    """Begin the next attempt (first run or resume), or wait for node pools.
+    ``admitted``: the pools an admission assigned (a topology assignment), if any."""
+    status = plan.status
+    # The Suspended condition stays True until the resumed attempt starts (a resumed
+    # job may first wait for node pools, in phase Pending).
+    resuming = plan.condition_is(ConditionType.SUSPENDED, True)
+    plan.account.resume()  # a suspended or evicted job: its wait is scheduling again
+    creating = ""
+    if facts.shape.multi_host and not status.node_pools:
+        pools = admitted or allocate(facts, plan, world)
+        if pools is None:
+            return
+        status.node_pools = pools
+        assigned(facts, plan, pools)
+        asked = [i for i, p in enumerate(pools) if is_claim(p)]
+        if asked:
+            creating = "; GKE is to create the node pools of slices " + ", ".join(
+                str(i) for i in asked
+            )
+    attempt += 1
+    status.attempt = attempt
+    status.phase = Phase.PENDING
+    status.running_since = None  # each attempt runs once all of its own workers do
+    status.message = f"attempt {attempt}: creating slices{creating}"
+    if facts.machine_note and not facts.shape.multi_host:
+        status.message += f"; {facts.machine_note}"
+    if status.start_time is None or resuming:
+        status.start_time = stamp(plan.now)
+    status.restart_at = None
+    if resuming:
+        plan.event("Normal", Reason.RESUMED, f"resumed as attempt {attempt}")
+        if plan.has_condition(ConditionType.PODS_STOPPED):
+            plan.condition(ConditionType.PODS_STOPPED, False, Reason.RESUMED)
+    plan.condition(
+        ConditionType.SUSPENDED,
+        False,
+        Reason.RESUMED if resuming else Reason.NOT_SUSPENDED,
+    )
+    plan.act = Act.RUN
+
+
+def allocate(facts: JobFacts, plan: Plan, world: World) -> list[str] | None:
+    """Pools for every slice, or None and the job waits (saying why)."""
+    count = facts.spec.num_slices
+    requests = requests_for(facts.shape, facts.spec.placement, count, world.claims(count))
+    allocation = world.allocate(requests)
+    if allocation.pools is not None:
+        return allocation.pools
+    status = plan.status
+    if status.message != allocation.message:
+        plan.event("Normal", Reason.WAITING_FOR_NODE_POOLS, allocation.message)
+    status.phase = Phase.PENDING
+    status.message = allocation.message
+    plan.condition(
+        ConditionType.PODS_SCHEDULED,
+        False,
+        Reason.WAITING_FOR_NODE_POOLS,
+        allocation.message,
+    )
+    plan.after(POOL_RETRY_SECONDS)
+    return None
+
+
+def assigned(facts: JobFacts, plan: Plan, pools: list[str]) -> None:
+    """Events for the pools of a starting attempt: those taken, those asked of GKE."""
+    note = facts.machine_note
+    named = [f"slice {i} -> {p}" for i, p in enumerate(pools) if not is_claim(p)]
+    if named:
+        plan.event(
+            "Normal",
+            Reason.NODE_POOLS_ASSIGNED,
+            ", ".join(named) + (f" ({note})" if note else ""),
+        )
+    for index, ref in enumerate(pools):
+        value = claim_of(ref)
+        if value is not None:
+            plan.event(
+                "Normal",
+                Reason.WAITING_FOR_NODE_POOLS,
+                f"slice {index}: no free node pool of {shape_words(facts.shape)}; its pods "
+                f"ask GKE to create one (node selector and toleration "
+                f"{SLICE_POOL_LABEL}={value})",
+            )
