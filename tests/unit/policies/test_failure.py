@@ -1,0 +1,79 @@
+"""A failed attempt: the failure policy and the kind of restart (``policies/failure.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.policies.world import World, facts, plan_of, reasons
+from tpu_operator.api.status import Phase, Reason, RestartKind
+from tpu_operator.placement.pools import PoolGone
+from tpu_operator.policies import failure
+from tpu_operator.policies.plan import Act
+from tpu_operator.state.gang import WorkerFailure
+
+pytestmark = pytest.mark.unit
+
+
+def failed(reason: Reason, exit_code: int | None = 1) -> WorkerFailure:
+    return WorkerFailure(reason, f"{reason} on j-0-0", "j-0-0", "n0", exit_code, None)
+
+
+@pytest.mark.parametrize(
+    ("cause", "policy", "used", "phase", "counted", "kind"),
+    [
+        (failed(Reason.WORKER_FAILED), {}, 0, Phase.RESTARTING, 1, RestartKind.RECREATE),
+        (failed(Reason.WORKER_FAILED), {"maxRestarts": 2}, 2, Phase.FAILED, 2, None),
+        # Disruptions are not counted against maxRestarts by default.
+        (
+            failed(Reason.EVICTED, None),
+            {"maxRestarts": 0},
+            0,
+            Phase.RESTARTING,
+            0,
+            RestartKind.RECREATE,
+        ),
+        (
+            failed(Reason.NODE_LOST, None),
+            {"maxRestarts": 0},
+            0,
+            Phase.RESTARTING,
+            0,
+            RestartKind.RECREATE,
+        ),
+        (
+            failed(Reason.WORKER_FAILED, 3),
+            {"rules": [{"action": "FailJob", "values": [3]}]},
+            0,
+            Phase.FAILED,
+            0,
+            None,
+        ),
+    ],
+)
+def test_restart_or_fail(cause, policy, used, phase, counted, kind):
+    job = facts(recorded={"attempt": 1, "countedRestarts": used}, failurePolicy=policy)
+    plan = plan_of(job)
+    world = World()
+    failure.attempt_failed(job, plan, world, cause, 1)
+    status = plan.status
+    assert status.phase == phase
+    assert status.counted_restarts == counted
+    assert status.last_failure is not None and status.last_failure.reason == cause.reason
+    if phase == Phase.RESTARTING:
+        assert (status.attempt, status.restart_kind, plan.act) == (2, kind, Act.NOTHING)
+        assert reasons(plan) == ["Restarting"]
+        for action in plan.after_commit:
+            action()
+        assert world.metrics.restarts == [("TPUJob", cause.reason)]
+    else:
+        assert (status.attempt, plan.act) == (1, Act.STOP)
+        assert reasons(plan) == ["Failed"]
+
+
+def test_a_restart_renews_the_pools_that_vanished_for_its_pods():
+    job = facts(recorded={"attempt": 1, "nodePools": ["gone"]})
+    plan = plan_of(job)
+    world = World(gone=[PoolGone(0, "gone", True, "slice 0: node pool gone has no nodes")])
+    failure.attempt_failed(job, plan, world, failed(Reason.NODE_LOST, None), 1)
+    assert plan.status.node_pools == ["auto:claim-0-2"]
+    assert reasons(plan) == ["Restarting", "NodePoolGone"]
