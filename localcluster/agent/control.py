@@ -21,12 +21,13 @@ use it. Routes (all answer JSON; errors are ``{"error": message}`` with 400/404/
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -35,10 +36,27 @@ from localcluster.agent.provisioner import Autoprovisioning
 from localcluster.pools import PoolError, pool_from_dict
 
 if TYPE_CHECKING:
-    from localcluster.agent.app import Agent
+    from localcluster.agent.kube import Kube
+    from localcluster.agent.nodes import NodeManager
+    from localcluster.agent.pods import PodManager
+    from localcluster.agent.provisioner import AutoProvisioner
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Controlled(Protocol):
+    """What the control API acts on: the node agent's parts (``app.Agent`` is one)."""
+
+    ready: asyncio.Event
+    kube: Kube
+    nodes: NodeManager
+    pods: PodManager
+    provisioner: AutoProvisioner | None
+
+    def status(self) -> dict[str, Any]: ...
+
+    async def set_autoprovisioning(self, config: Autoprovisioning | None) -> None: ...
 
 
 @web.middleware
@@ -66,7 +84,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return data
 
 
-def build_app(agent: Agent) -> web.Application:
+def build_app(agent: Controlled) -> web.Application:
     routes = web.RouteTableDef()
 
     @routes.get("/healthz")
@@ -165,7 +183,7 @@ def build_app(agent: Agent) -> web.Application:
     return app
 
 
-async def serve(agent: Agent, socket_path: Path) -> web.AppRunner:
+async def serve(agent: Controlled, socket_path: Path) -> web.AppRunner:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)  # noqa: PTH108 - a stale socket from a crashed agent
     runner = web.AppRunner(build_app(agent), access_log=None)
