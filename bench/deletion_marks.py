@@ -7,7 +7,7 @@ deletions all go out within seconds. This times ``DeletedPods.requested`` for ev
 one restart at each size, in one process, and prints microseconds per pod and the ratio to
 the smallest size: flat is 1.0. (The map rebuilt itself on every mark once it held more
 than 4,096 entries: 3.6 s for the 12,736 marks of one restart on this machine, against
-5 ms now; bench/README.md.)
+5 ms now; bench/HISTORY.md, entry 131e700.)
 
     .venv/bin/python bench/deletion_marks.py [--sizes 256 4096 12736] [--repeat 5]
 """

@@ -83,7 +83,7 @@ def spread(stats: dict[str, Any], digits: int = 2) -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A Markdown table (pastes into bench/README.md as it is)."""
+    """A Markdown table (pastes into bench/HISTORY.md as it is)."""
     widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=True)]
     lines = [
         "| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) + " |"

@@ -109,12 +109,13 @@ MEMORY = {"base_mb": 1000.0, "per_node_mb": 0.1, "per_pod_mb": 0.85}
 controller-manager, the scheduler, the node agent, the operator or bare client and this
 process), fitted to measured runs: 4,096 nodes and a 4,096-pod job peaked at 5.1 GB
 (kube-apiserver 2.4 GB, etcd 0.8, node agent 0.6, controller-manager 0.5, operator 0.4,
-scheduler 0.3); 12,736 idle nodes take 1.35 GB (bench/README.md, "Scale")."""
+scheduler 0.3); 12,736 idle nodes take 1.35 GB (the scale runs in bench/HISTORY.md)."""
 
 
 WARMUP_TIMEOUT = 3600.0
 """Seconds the warm-up job may take: it includes the operator's start-up, which grows with
-the square of the cluster's TPU nodes (about 48 s with 4,096; bench/README.md, "Scale")."""
+the square of the cluster's TPU nodes (about 48 s with 4,096; the scale runs in
+bench/HISTORY.md)."""
 
 
 def timeout_for(hosts: int) -> float:

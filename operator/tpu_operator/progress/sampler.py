@@ -227,7 +227,7 @@ def round_targets(
 
     The leaders come from their own index: walking a 12,736-pod job's pods to find its
     199 leaders cost every round of such a job that much, every ``sampleInterval`` for as
-    long as its pods started (bench/README.md, "Leaders looked up, not searched for")."""
+    long as its pods started (bench/HISTORY.md, entry 36881e4)."""
     if full:
         return _readable(caches.pods_of_job(*key), attempt)
     leaders = sorted(_readable(caches.leaders_of_job(*key), attempt), key=lambda p: p.slice_index)

@@ -3,9 +3,10 @@
 Every reconcile of a TPUJob assesses the attempt over all of its pods
 (``state/gang.assess``): about 5 us a pod, 65 ms for a 12,736-pod job. While such a job
 starts or restarts it is reconciled a few hundred times (``reconcile/pacing.py``), so
-that walk made the operator's CPU per pod grow with the size of the job (bench/README.md,
-"12,736 hosts"). Here the job's state is the sum of its slices' (``gang.combine``), and a
-slice's part is worked out again only when something it is computed from changed:
+that walk made the operator's CPU per pod grow with the size of the job (bench/HISTORY.md,
+entries d162dfa and 34bcfd9). Here the job's state is the sum of its slices'
+(``gang.combine``), and a slice's part is worked out again only when something it is
+computed from changed:
 
 - its pods: the pod store numbers every change under a slice (``Store.version``);
 - the TPU nodes: any node event (``Caches.nodes_version``; a pod on a node that is not

@@ -25,9 +25,9 @@ large object's reconcile also waits for changes: until events arrived on
 ``CHANGED_SHARE`` of its pods since its last reconcile began, it waits ``QUIET_FACTOR``
 times its spacing (at most ``MAX_SPACING``) instead. The number of reconciles then
 follows the number of pod events, not the seconds they are spread over (186 instead of
-852 while a 12,736-pod job started: bench/README.md). An event that may end the
-gang's attempt (a failure, an eviction, a deletion, a lost node: ``urgent``) waits only
-for the spacing, so a restart is decided as soon as before.
+852 while a 12,736-pod job started: bench/HISTORY.md, entry acba012). An event that may
+end the gang's attempt (a failure, an eviction, a deletion, a lost node: ``urgent``) waits
+only for the spacing, so a restart is decided as soon as before.
 
 At every size, routine progress (pods being scheduled, starting, becoming ready, and the
 stops of an attempt the job has left) is also batched by the work queue's ``settle`` time

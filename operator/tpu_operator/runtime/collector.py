@@ -22,8 +22,8 @@ arenas are limited to ``ARENAS`` and ``trim`` returns the free pages (``malloc_t
 after each complete listing and, while the operator works, every ``TRIM_SECONDS``: with
 1,000 TPUJobs starting, glibc held 35-37 MiB of freed memory (the API threads' request
 and response buffers) next to 27 MiB in use. Measured with 200 TPUJobs (2,048
-pods and nodes, ``bench/load.py``): bench/README.md, "Load". Elsewhere than glibc both are
-no-ops.
+pods and nodes, ``bench/load.py``): bench/HISTORY.md, entries 7543ce0 and b569128.
+Elsewhere than glibc both are no-ops.
 """
 
 from __future__ import annotations

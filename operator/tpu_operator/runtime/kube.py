@@ -73,7 +73,7 @@ def listed_metadata(raw: bytes) -> tuple[list[dict[str, Any]], str | None]:
     Decoded straight into those fields (``state/documents.ListedMetadata``): the managed
     fields that make up most of each item are skipped, not built and dropped. The cache
     audit lists a 12,736-host job's 199 TPUSlices this way every minute, 0.4 MB a list
-    (bench/README.md, "Metadata lists decoded into the fields kept")."""
+    (bench/HISTORY.md, entry 36881e4)."""
     page = METADATA_PAGE.decode(raw)
     items: list[dict[str, Any]] = []
     for item in page.items or ():

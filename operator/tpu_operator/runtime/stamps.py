@@ -8,8 +8,8 @@ The entries are kept in the order they were marked (a key marked again moves to 
 so the stale ones are always at the front and dropping them costs one step each. A gang
 restart of a 12,736-pod job marks every pod's deletion within a few seconds, all younger
 than ``keep``: a map pruned by rebuilding it past a size limit would pass over every one
-of them on every mark, quadratic in the size of the job (bench/README.md, "The restart
-profiled by phase at 12,736 hosts").
+of them on every mark, quadratic in the size of the job (bench/HISTORY.md, entry
+131e700).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ starts, as many again while it restarts. A worker pod is 6-8 KB of JSON, nearly 
 it spec (containers, env, volumes) and managed fields that no view reads. Decoding the
 whole object into dicts and then picking a few fields out cost about 40 us an event;
 ``msgspec`` decodes the JSON straight into these structs, skipping every field they do
-not name without building it, in about a quarter of that (bench/README.md, "Pod events
-decoded into the fields the views read"). It also leaves far fewer objects for the
+not name without building it, in about a quarter of that (bench/HISTORY.md, entry
+06f9091). It also leaves far fewer objects for the
 garbage collector.
 
 The types follow the Kubernetes OpenAPI schema of Pod and Node, which the apiserver
