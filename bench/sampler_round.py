@@ -2,7 +2,7 @@
 
 Most rounds of the progress sampler read worker 0 of each slice of a running job, or, while
 no worker answers (a job still starting, an image without metrics), one of them a round
-(``progress/sampler.py``). Two ways of finding them, side by side in one process over the
+(``runtime/sampler.py``). Two ways of finding them, side by side in one process over the
 same pod store:
 
 - ``walk``: what each round did before ``round_targets``: every pod of the job copied out
@@ -22,8 +22,8 @@ from __future__ import annotations
 import micro
 from job_assess import ATTEMPT, JOB, NAMESPACE, filled
 
-from tpu_operator.progress.sampler import round_targets
 from tpu_operator.runtime.caches import Caches
+from tpu_operator.runtime.sampler import round_targets
 from tpu_operator.state.views import PodView
 
 KEY = (NAMESPACE, JOB)

@@ -225,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import kopf
 
+    from tpu_operator.app import OperatorConfig
     from tpu_operator.controllers import run
-    from tpu_operator.runtime.app import OperatorConfig
 
     kopf.configure(
         verbose=args.verbose,

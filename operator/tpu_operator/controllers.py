@@ -23,10 +23,10 @@ from typing import Any, cast
 import kopf
 
 from tpu_operator import contract
+from tpu_operator.app import OperatorConfig, Runtime
 from tpu_operator.builders.workload import KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL
 from tpu_operator.reconcile.pools import job_pool_records, slice_pool_records
 from tpu_operator.runtime import collector
-from tpu_operator.runtime.app import OperatorConfig, Runtime
 from tpu_operator.runtime.caches import POOL_RECORD
 from tpu_operator.runtime.kube import connection_info, load_configuration
 from tpu_operator.runtime.leader import LeaderElector

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_runtime_wakes import KUBECONFIG
+from tpu_operator.app import OperatorConfig, Runtime
 from tpu_operator.runtime import collector
-from tpu_operator.runtime.app import OperatorConfig, Runtime
 from tpu_operator.runtime.kube import RequestRecord
 
 pytestmark = pytest.mark.unit

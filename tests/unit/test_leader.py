@@ -25,7 +25,6 @@ from kubernetes.leaderelection.leaderelection import LeaderElection
 from prometheus_client import generate_latest
 
 from tpu_operator import cli
-from tpu_operator.metrics import OperatorMetrics
 from tpu_operator.runtime.leader import (
     FencedLeaseLock,
     LeaderElector,
@@ -35,6 +34,7 @@ from tpu_operator.runtime.leader import (
     default_namespace,
     renewed_within,
 )
+from tpu_operator.runtime.metrics import OperatorMetrics
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """What the runtime's watch handlers wake, and which wakes are urgent: a pod event that
 may end the gang's attempt is not held back by a large job's pacing, an ordinary one is;
-a slice event that moved only its counters does not wake its job (``runtime/app.py``,
+a slice event that moved only its counters does not wake its job (``app.py``,
 ``reconcile/pacing.py``). The Runtime is built on a kubeconfig of an apiserver that is
 never called."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from tests.unit.fakeapi import QueueRecorder
 from tpu_operator import contract
-from tpu_operator.runtime.app import OperatorConfig, Runtime
+from tpu_operator.app import OperatorConfig, Runtime
 from tpu_operator.runtime.caches import identity_of
 from tpu_operator.state.views import node_view, pod_view
 

@@ -1,5 +1,5 @@
 """The progress sampler's reads: leaders every round, everyone every sixth, unless no
-worker answered the round before (``progress/sampler.py``). Workers are a local HTTP
+worker answered the round before (``runtime/sampler.py``). Workers are a local HTTP
 server on 127.0.0.1; a worker "not serving" has its pod IP at 127.0.0.2, where nothing
 listens (the connection is refused at once)."""
 
@@ -12,10 +12,10 @@ import pytest
 from aiohttp import web
 
 from tpu_operator import contract, worker_metrics
-from tpu_operator.progress import sampler as sampler_module
-from tpu_operator.progress.sampler import ProgressSampler, monitoring_of, round_targets
+from tpu_operator.runtime import sampler as sampler_module
 from tpu_operator.runtime.caches import Caches, identity_of
 from tpu_operator.runtime.listwatch import PODS
+from tpu_operator.runtime.sampler import ProgressSampler, monitoring_of, round_targets
 from tpu_operator.state.views import pod_view
 
 pytestmark = pytest.mark.unit

@@ -24,9 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_operator import contract
-from tpu_operator.api.status import Phase
-from tpu_operator.metrics import OperatorMetrics
-from tpu_operator.progress.sampler import ProgressSampler
 from tpu_operator.reconcile.context import Context
 from tpu_operator.reconcile.jobs import JobReconciler
 from tpu_operator.reconcile.pacing import (
@@ -39,6 +36,7 @@ from tpu_operator.reconcile.pacing import (
 from tpu_operator.reconcile.pools import slice_pool_records
 from tpu_operator.reconcile.slices import SliceReconciler
 from tpu_operator.reconcile.supervisors import Supervisors
+from tpu_operator.reconcile.wakes import Wake, node_wake, pod_wake, waiting_for_pools
 from tpu_operator.runtime import collector
 from tpu_operator.runtime.audit import CacheAudit, Source
 from tpu_operator.runtime.caches import Caches, Index, slice_sharing
@@ -48,9 +46,10 @@ from tpu_operator.runtime.events import EventRecorder
 from tpu_operator.runtime.kube import ApiError, Kube, RequestRecord, load_configuration
 from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
 from tpu_operator.runtime.listwatch import NODES, PODS, Kind, ListWatch, OnEvent, Store
+from tpu_operator.runtime.metrics import OperatorMetrics
+from tpu_operator.runtime.sampler import ProgressSampler
 from tpu_operator.runtime.workqueue import WorkQueue
-from tpu_operator.state.gang import may_end_attempt
-from tpu_operator.state.views import ORPHAN, NodeView, PodView, pod_view
+from tpu_operator.state.views import NodeView, PodView, pod_view
 
 log = logging.getLogger(__name__)
 LISTED_POLL_SECONDS = 1.0
@@ -289,53 +288,23 @@ class Runtime:
         self.start()
 
     def pod_event(self, type: str | None, view: PodView) -> None:
-        """A worker pod changed (``type`` None: listed): wake its slice and job. An event
-        that may end the gang's attempt, or that makes the last pod of its attempt ready,
-        is urgent; any other is routine progress (``WorkQueue.settle``), and so are the
-        stops and deletions of an attempt the job has left, but for its last pod. The
-        event that makes the last pod of one slice of a job ready is not routine for that
-        slice (it moves the slice's phase)."""
-        if not view.own:
-            self._other_pod_event(type, view)
-            return
-        if type == "DELETED":
-            self.caches.tombstones.record(view)  # a standby keeps them too
-        elif view.pool is not None:
-            self.context.pods_in_flight.seen(view)
-        if not self.acting:
-            return
-        # The last pod of its attempt in its job went (a pod still cached never is).
-        last = type == "DELETED" and view.job_owned and self._attempt_gone(view)
-        urgent = type == "DELETED" or may_end_attempt(view) or self._completes(view)
-        if urgent and not last and self._left_behind(view):
-            urgent = False
-        # The last pod of one slice of a multislice job became ready: the slice says it is
-        # Running now, not after a slice of an N-slice job's longer settle time (up to
-        # 10 s); its job, still waiting for other slices, takes it as routine progress.
-        prompt = not urgent and view.job_owned and self._completes_slice(view)
-        self._wake_pod(
-            view, urgent=urgent, routine=not urgent, slice_routine=not (urgent or prompt)
-        )
-        if last and _live(self.caches.job(view.namespace, view.job_name)):
-            # The gang's barrier may have lifted: every slice of the job creates the next
-            # attempt's pods once no pod of an older one is left (reconcile/slices.py).
-            for body in self.caches.slices_of_job(view.namespace, view.job_name):
-                name = (body.get("metadata") or {}).get("name")
-                if isinstance(name, str) and _live(body):
-                    self.slices.add((view.namespace, name), urgent=True)
-        # A pool changes hands when the last pod on it is gone: wake whoever waits for one
-        # now rather than at their next periodic retry.
-        freed = view.pool and (type == "DELETED" or view.terminal)
-        if freed and not any(p.active for p in self.caches.pods_in_pool(view.pool or "")):
-            self.wake_waiting()
+        """A worker pod changed (``type`` None: listed): keep its tombstone, and wake what
+        the gang's rules say (``reconcile/wakes.pod_wake``)."""
+        if view.own:
+            if type == "DELETED":
+                self.caches.tombstones.record(view)  # a standby keeps them too
+            elif view.pool is not None:
+                self.context.pods_in_flight.seen(view)
+        if self.acting:
+            self._wake(pod_wake(self.caches, type, view))
 
-    def _other_pod_event(self, type: str | None, view: PodView) -> None:
-        """A pod that is not the operator's worker (``runtime/ownership.py``): it wakes
-        nothing, but the last orphan leaving a pool frees it."""
-        if not self.acting or view.ownership != ORPHAN or not view.pool:
-            return
-        freed = type == "DELETED" or view.terminal
-        if freed and not any(p.active for p in self.caches.pods_in_pool(view.pool)):
+    def _wake(self, wake: Wake) -> None:
+        """Enqueue what a watch event asks for."""
+        for ask in wake.slices:
+            self.slices.add(ask.key, urgent=ask.urgent, routine=ask.routine)
+        for ask in wake.jobs:
+            self.jobs.add(ask.key, urgent=ask.urgent, routine=ask.routine)
+        if wake.waiting:
             self.wake_waiting()
 
     def slice_known(self, body: Any) -> None:
@@ -354,58 +323,6 @@ class Runtime:
                 refiled = dataclasses.replace(view, ownership=ownership)
                 store.put((view.namespace, view.name, view.uid), refiled)
                 self.pod_event(None, refiled)
-
-    def _left_behind(self, view: PodView) -> bool:
-        """Whether ``view`` is a pod of an attempt its job has already left: while a gang
-        restart drains the old attempt, each of its pods' stops and deletions is routine
-        progress (but the last one's deletion, which lifts the barrier: ``pod_event``)."""
-        if not view.job_owned:
-            return False
-        job = self.caches.job(view.namespace, view.job_name)
-        current = ((job or {}).get("status") or {}).get("attempt")
-        return isinstance(current, int) and view.attempt < current
-
-    def _attempt_gone(self, view: PodView) -> bool:
-        """Whether no cached pod of ``view``'s job belongs to ``view``'s attempt."""
-        return view.attempt not in self.caches.attempts_of_job(view.namespace, view.job_name)
-
-    def _completes(self, view: PodView) -> bool:
-        """Whether ``view`` is ready and no other pod of its gang's attempt is left not
-        ready: its job (or slice) may now be Running, and says so without waiting."""
-        return view.ready and _none_left(
-            self.caches.unready_pods(view.namespace, view.job_name, view.attempt)
-        )
-
-    def _completes_slice(self, view: PodView) -> bool:
-        """Whether ``view``, a pod of a job, is ready and no other pod of its slice's
-        attempt is left not ready: the slice may now be Running."""
-        return view.ready and _none_left(
-            self.caches.unready_in_slice(view.namespace, view.slice_name, view.attempt)
-        )
-
-    def _wake_pod(
-        self,
-        pod: PodView,
-        *,
-        urgent: bool,
-        routine: bool = False,
-        slice_routine: bool | None = None,
-    ) -> None:
-        """Reconcile what a worker pod belongs to: its slice and, for a job's pod, its job.
-        ``urgent``: the event may end the gang's attempt; ``routine``: it reports progress
-        only (``WorkQueue.add``); ``slice_routine``, if given, says so for the slice alone.
-
-        Not an owner that is gone or being deleted: its reconcile has nothing to do, and
-        while a deleted job's thousands of pods go, each of their events would otherwise
-        be one. An owner not cached yet is reconciled by its own first event."""
-        if _live(self.caches.slice(pod.namespace, pod.slice_name)):
-            self.slices.add(
-                (pod.namespace, pod.slice_name),
-                urgent=urgent,
-                routine=routine if slice_routine is None else slice_routine,
-            )
-        if pod.job_owned and _live(self.caches.job(pod.namespace, pod.job_name)):
-            self.jobs.add((pod.namespace, pod.job_name), urgent=urgent, routine=routine)
 
     def asks(self, kind: str, key: tuple[str, str], type: str | None, body: Any) -> bool:
         """Whether an event of a TPUJob or TPUSlice asks for its own reconcile: not when
@@ -430,10 +347,7 @@ class Runtime:
         self.caches.nodes_changed()
         if not self.acting or type is None:
             return
-        lost = type == "DELETED" or not view.ready or view.disruption_notice is not None
-        for pod in self.caches.pods_on_node(view.name):
-            self._wake_pod(pod, urgent=lost)
-        self.wake_waiting()
+        self._wake(node_wake(self.caches, type, view))
 
     def _nodes_listed(self, _count: int) -> None:
         self.caches.nodes_changed()
@@ -553,15 +467,8 @@ class Runtime:
     def wake_waiting(self) -> None:
         """Node changes and pods leaving a pool may free or add pools: look again at the
         jobs and standalone slices that may wait for one."""
-        for job in self.caches.jobs():
-            if (job.get("status") or {}).get("phase") in (None, Phase.PENDING):
-                meta = job["metadata"]
-                self.jobs.add((meta["namespace"], meta["name"]))
-        for body in self.caches.all_slices():
-            status = body.get("status") or {}
-            if status.get("phase") in (None, Phase.PENDING) and not status.get("nodePool"):
-                meta = body["metadata"]
-                self.slices.add((meta["namespace"], meta["name"]))
+        for kind, key in waiting_for_pools(self.caches):
+            (self.jobs if kind == "jobs" else self.slices).add(key)
 
     def depths(self) -> dict[str, int]:
         return {"TPUJob": len(self.jobs), "TPUSlice": len(self.slices)}
@@ -625,14 +532,3 @@ class Runtime:
         cached = {"slices": names(self.caches.all_slices()), "jobs": names(self.caches.jobs())}
         self._slices_seen.keep_only(lambda key: key in cached["slices"])
         self._intents.keep_only(lambda seen: seen[1:] in cached[seen[0]])  # (kind, ns, name)
-
-
-def _none_left(unready: int | None) -> bool:
-    """An unready count of zero, or none kept (unit tests' plain indexes): the pod just
-    seen ready may be the last."""
-    return unready is None or unready == 0
-
-
-def _live(body: dict[str, Any] | None) -> bool:
-    """Whether a cached TPUJob or TPUSlice exists and is not being deleted."""
-    return body is not None and not (body.get("metadata") or {}).get("deletionTimestamp")
