@@ -207,3 +207,25 @@ def test_a_slice_the_apiserver_rejects_as_invalid_fails_the_job_once_naming_the_
     assert condition(cluster, "Failed")["reason"] == "InvalidSpec"
     assert cluster.recorded.reasons("j").count("Failed") == 1
     assert not cluster.pods()
+
+
+def test_a_job_that_waits_longer_than_its_timeout_fails_saying_what_for():
+    cluster = FakeCluster()
+    cluster.add_pool("p1", "tpu-v5p-slice", "2x2x2", hosts=2)
+    spec = {
+        "slice": {"type": "v5p-16"},
+        "template": {"spec": {"containers": [{"name": "worker", "image": "w"}]}},
+    }
+    cluster.apply_job("holder", spec)
+    cluster.settle()
+    cluster.apply_job("j", {**spec, "waitingTimeoutSeconds": 60})
+    requeue = cluster.reconcile_job("j")
+    assert cluster.job("j")["status"]["phase"] == "Pending"
+    assert requeue is not None and requeue <= 60
+    cluster.advance(61)
+    cluster.reconcile_job("j")
+    status = cluster.job("j")["status"]
+    assert status["phase"] == "Failed"
+    assert condition(cluster, "Failed")["reason"] == "WaitingTimeout"
+    assert "p1 is held by TPUJob ml/holder" in status["message"]
+    assert cluster.job("holder")["status"]["nodePools"] == ["p1"]

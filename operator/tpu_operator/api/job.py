@@ -75,6 +75,11 @@ class TPUJobSpec(ApiModel):
     """Fail the job (DeadlineExceeded) when it has been active this long."""
     ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=MAX_SECONDS)
     """Delete the finished job (and its slices and pods) this long after it finished."""
+    waiting_timeout_seconds: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
+    """Fail the job (WaitingTimeout) when it has waited this long for capacity: node pools
+    for its slices, a Kueue admission, or pods that cannot be scheduled, are refused or
+    that no scheduler looks at, each wait counted from when it began. Unset: it waits
+    for as long as it takes."""
     ports: PortsSpec | None = None
     monitoring: Monitoring | None = None
     """Progress sampling, stall and straggler detection."""

@@ -86,6 +86,8 @@ class Reason(StrEnum):
     WORKER_CONFIG_ERROR = "WorkerConfigError"
     INVALID_POD_TEMPLATE = "InvalidPodTemplate"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
+    WAITING_TIMEOUT = "WaitingTimeout"
+    """The job waited for capacity longer than spec.waitingTimeoutSeconds."""
     INVALID_SPEC = "InvalidSpec"
     # Lifecycle, placement and progress (conditions and events).
     SUSPENDED = "Suspended"

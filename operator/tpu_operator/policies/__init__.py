@@ -15,6 +15,7 @@ unit test beside it (``tests/unit/policies/``).
 - ``success``: a job whose workers are done.
 - ``suspend``: suspension, and the end of a finished or suspended job's pods.
 - ``lifetime``: ``activeDeadlineSeconds`` and ``ttlSecondsAfterFinished``.
+- ``patience``: ``waitingTimeoutSeconds``, how long a job may wait for capacity.
 - ``phase``: the phase, message and conditions of an attempt that goes on.
 - ``waiting``: why pods wait (unschedulable, refused, no scheduler, others on the pools).
 - ``stalls``: stalled training and stragglers.

@@ -45,6 +45,7 @@ from tpu_operator.placement.pools import Allocation, PoolGone, Request
 from tpu_operator.policies import (
     failure,
     lifetime,
+    patience,
     phase,
     pools,
     start,
@@ -305,6 +306,7 @@ class JobRun:
         else:
             plan.act = Act.RUN
             self._run_attempt(attempt, state or self._assess_all(attempt))
+        patience.check(facts, plan)
         self.admission.report(facts, plan)
 
     def _run_attempt(self, attempt: int, state: GangState) -> None:
