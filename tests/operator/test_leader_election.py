@@ -15,13 +15,20 @@ stopped here, and ``running_operator`` starts it again for the tests after these
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from localcluster.testing import wait_until
-from tests.operator.support import Api, OperatorProcess, PodAttemptRecorder, job_manifest
+from tests.operator.support import (
+    Api,
+    ChartIdentity,
+    OperatorProcess,
+    PodAttemptRecorder,
+    job_manifest,
+)
 from tpu_operator.runtime import lease
 
 pytestmark = pytest.mark.integration
@@ -70,7 +77,18 @@ def reconciles(process: OperatorProcess) -> float:
 
 
 class Candidates:
+    """Two replicas acting as the chart's ServiceAccount, with the chart's RBAC rendered for
+    a release in the test's namespace whose Lease is ``LEASE``: the Role lets them create
+    Leases there and read and renew that one only."""
+
     def __init__(self, cluster, namespace: str, directory: Path) -> None:
+        self.identity = ChartIdentity(
+            cluster,
+            directory,
+            release=f"le-{uuid.uuid4().hex[:8]}",
+            namespace=namespace,
+            values={"leaderElection": {"leaseName": LEASE}},
+        ).create()
         args = [
             "--leader-elect",
             f"--leader-elect-namespace={namespace}",
@@ -79,8 +97,8 @@ class Candidates:
             f"--leader-elect-renew-deadline={RENEW_DEADLINE}",
             f"--leader-elect-retry-period={RETRY_PERIOD}",
         ]
-        self.a = OperatorProcess(cluster.kubeconfig, directory / "a.log", args)
-        self.b = OperatorProcess(cluster.kubeconfig, directory / "b.log", args)
+        self.a = self.identity.operator(directory / "a.log", args)
+        self.b = self.identity.operator(directory / "b.log", args)
 
     def start_leader_and_standby(self) -> None:
         self.a.start()
@@ -97,6 +115,7 @@ class Candidates:
         for process in (self.a, self.b):
             process.thaw()
             process.stop()
+        self.identity.delete()
 
 
 @pytest.fixture
