@@ -59,13 +59,20 @@ def metric(process: OperatorProcess, name: str) -> float | None:
 
 
 def writes(process: OperatorProcess) -> float:
-    """API requests other than reads (a standby's cache audit reads, it never writes)."""
+    """API requests other than reads (a standby's cache audit reads, it never writes), less
+    the TokenReviews and SubjectAccessReviews its metrics endpoint asks for (POSTs that
+    store nothing)."""
     text = process.metrics()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("tpu_operator_api_requests_total{") and 'verb="GET"' not in line
-    )
+
+    def total(prefix: str, keep=lambda line: True) -> float:
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(prefix) and keep(line)
+        )
+
+    requests = total("tpu_operator_api_requests_total{", lambda line: 'verb="GET"' not in line)
+    return requests - total("tpu_operator_metrics_auth_reviews_total{")
 
 
 def leads(process: OperatorProcess) -> bool:
