@@ -197,6 +197,7 @@ def test_every_flag_of_the_operator_has_a_chart_value(helm: ReleaseHelm):
         {
             "watchNamespaces": ["team-a"],
             "kueue": {"enabled": True},
+            "inPlaceRestarts": {"networkPolicy": {"enabled": True}},
             "operator": {"verbose": True},
             "metrics": {"auth": {"certSecret": "metrics-cert"}},
         }
