@@ -142,6 +142,27 @@ class Cluster:
             self.server, pki_dir / "ca.crt", pki_dir / "admin.crt", pki_dir / "admin.key"
         )
 
+    def service_account_token(self, namespace: str, name: str, seconds: int = 24 * 3600) -> str:
+        """A token of ServiceAccount ``namespace/name`` from the TokenRequest API, as the
+        kubelet gets one for a pod (valid ``seconds``)."""
+        answer = self.api().call(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": seconds},
+            },
+        )
+        return str(answer["status"]["token"])
+
+    def service_account_kubeconfig(self, namespace: str, name: str, path: Path) -> Path:
+        """A kubeconfig that acts as ServiceAccount ``namespace/name`` (a TokenRequest
+        token): a process run with it has exactly that account's permissions."""
+        token = self.service_account_token(namespace, name)
+        user = f"system:serviceaccount:{namespace}:{name}"
+        return kubeconfig.write_token(path, self.server, self.layout.pki, token, user)
+
     def env(self) -> dict[str, str]:
         """The environment for tools that should talk to this cluster (KUBECONFIG set)."""
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}

@@ -30,7 +30,7 @@ import yaml
 from localcluster import binaries, images
 from localcluster.cluster import Cluster, ClusterError
 from localcluster.helm import Helm
-from localcluster.prometheus import Prometheus, free_port
+from localcluster.prometheus import PROMETHEUS_OPERATOR_APIS, Prometheus, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_DIR = REPO / ".demo"
@@ -40,6 +40,8 @@ EXAMPLE = REPO / "examples" / "local-demo.yaml"
 # The example's hostPath checkpoints (<dir>/<namespace>/<job>): a new demo starts afresh.
 CHECKPOINTS = Path("/var/tmp/tpu-operator-demo/default/demo")
 RELEASE, RELEASE_NAMESPACE = "tpu-operator", "tpu-system"
+SCRAPER = {"namespace": "monitoring", "name": "prometheus"}
+"""The ServiceAccount the demo's Prometheus scrapes the operator as (bound by the chart)."""
 STEPS = 7
 
 
@@ -56,6 +58,7 @@ def chart_values(venv: Path, *, monitors: bool) -> dict[str, Any]:
             "logFormat": "text",
             "progressPublishSeconds": 5,
         },
+        "metrics": {"auth": {"readers": [SCRAPER]}},
         "serviceMonitor": {"enabled": monitors, "interval": "5s"},
         "podMonitor": {"enabled": monitors, "interval": "5s"},
         "prometheusRule": {"enabled": monitors, "stallSeconds": 120},
@@ -65,11 +68,22 @@ def chart_values(venv: Path, *, monitors: bool) -> dict[str, Any]:
 
 def start_prometheus(cluster: Cluster, helm: Helm, venv: Path) -> Prometheus:
     """Prometheus (and its pod discovery) detached: they outlive this command."""
+    # The monitors as helm renders them on a cluster with prometheus-operator.
     rendered = helm.template(
-        chart_values(venv, monitors=True), release=RELEASE, namespace=RELEASE_NAMESPACE
+        chart_values(venv, monitors=True),
+        release=RELEASE,
+        namespace=RELEASE_NAMESPACE,
+        api_versions=PROMETHEUS_OPERATOR_APIS,
     )
     port = 9090 if _free(9090) else free_port()
-    server = Prometheus(DEMO_DIR / "prometheus", rendered, cluster.api(), port=port)
+    cluster.kubectl("create", "namespace", SCRAPER["namespace"], check=False)
+    cluster.kubectl(
+        "create", "serviceaccount", SCRAPER["name"], "-n", SCRAPER["namespace"], check=False
+    )
+    token = cluster.service_account_token(
+        SCRAPER["namespace"], SCRAPER["name"], seconds=30 * 24 * 3600
+    )
+    server = Prometheus(DEMO_DIR / "prometheus", rendered, cluster.api(), port=port, token=token)
     server.start(discovery_thread=False)
     discovery = subprocess.Popen(
         [

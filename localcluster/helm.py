@@ -6,6 +6,7 @@ import atexit
 import json
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,17 @@ class Helm:
         return result
 
     def template(
-        self, values: dict[str, Any], *, release: str, namespace: str
+        self,
+        values: dict[str, Any],
+        *,
+        release: str,
+        namespace: str,
+        api_versions: Sequence[str] = (),
     ) -> list[dict[str, Any]]:
-        """The chart rendered with ``values``, as objects."""
+        """The chart rendered with ``values``, as objects. ``helm template`` knows only the
+        built-in APIs: ``api_versions`` (``group/version/Kind``) adds others, so that
+        templates rendered only where the cluster serves an API (the monitors) render."""
+        extra = [f"--api-versions={v}" for v in api_versions]
         out = self(
             "template",
             release,
@@ -51,6 +60,7 @@ class Helm:
             namespace,
             "--values",
             values_file(values),
+            *extra,
         ).stdout
         return [d for d in yaml.safe_load_all(out) if d]
 

@@ -14,6 +14,15 @@ CONTEXT = "localcluster"
 
 
 def render(server: str, ca: Path, cert: Path, key: Path, user: str) -> str:
+    return _render(
+        server,
+        ca,
+        user,
+        {"client-certificate": str(cert.resolve()), "client-key": str(key.resolve())},
+    )
+
+
+def _render(server: str, ca: Path, user: str, credentials: dict[str, str]) -> str:
     config = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -23,15 +32,7 @@ def render(server: str, ca: Path, cert: Path, key: Path, user: str) -> str:
                 "cluster": {"server": server, "certificate-authority": str(ca.resolve())},
             }
         ],
-        "users": [
-            {
-                "name": user,
-                "user": {
-                    "client-certificate": str(cert.resolve()),
-                    "client-key": str(key.resolve()),
-                },
-            }
-        ],
+        "users": [{"name": user, "user": credentials}],
         "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": user}}],
         "current-context": CONTEXT,
         "preferences": {},
@@ -43,5 +44,13 @@ def write(path: Path, server: str, pki: Path, stem: str) -> Path:
     """Write a kubeconfig for the client certificate ``<pki>/<stem>.crt``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(server, pki / "ca.crt", pki / f"{stem}.crt", pki / f"{stem}.key", stem))
+    path.chmod(0o600)
+    return path
+
+
+def write_token(path: Path, server: str, pki: Path, token: str, user: str) -> Path:
+    """Write a kubeconfig that authenticates with a bearer token (a ServiceAccount's)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_render(server, pki / "ca.crt", user, {"token": token}))
     path.chmod(0o600)
     return path

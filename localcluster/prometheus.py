@@ -10,6 +10,12 @@ local cluster (its pod IPs are loopback addresses, which EndpointSlices reject),
 ServiceMonitor's target is discovered through the pod behind the Service instead, with
 the Service's selector. The PrometheusRule's groups become the rule file.
 
+The operator's metrics are HTTPS for authorized scrapers only: the ServiceMonitor's
+``scheme``, ``tlsConfig`` and ``bearerTokenFile`` become the job's scheme, TLS settings and
+credentials. ``bearerTokenFile`` names a file in Prometheus's pod (its ServiceAccount's
+token); here it is ``token_file``, a token of the ServiceAccount this Prometheus stands
+for (``Cluster.service_account_token``), which the chart binds to its metrics reader role.
+
 Debian's Prometheus is built without Kubernetes service discovery, so ``PodDiscovery``
 stands in for it: it lists the pods from the real apiserver every second and writes them
 as file-based targets carrying exactly the ``__meta_kubernetes_pod_*`` labels Kubernetes
@@ -36,6 +42,17 @@ from typing import Any
 import yaml
 
 from localcluster.testing import wait_until
+
+PROMETHEUS_OPERATOR_APIS = (
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "monitoring.coreos.com/v1/PodMonitor",
+    "monitoring.coreos.com/v1/PrometheusRule",
+)
+"""What ``helm template`` must be told the cluster serves for the chart to render its
+monitors and rules (``Helm.template(api_versions=...)``), as ``helm install`` sees on a
+cluster with prometheus-operator."""
+POD_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+"""Where a pod finds its ServiceAccount's token (a ServiceMonitor's ``bearerTokenFile``)."""
 
 
 def _label_meta(label: str) -> str:
@@ -98,8 +115,31 @@ def pod_monitor_job(monitor: dict[str, Any], targets: Path) -> dict[str, Any]:
     }
 
 
+def endpoint_client(endpoint: dict[str, Any], token_file: Path | None) -> dict[str, Any]:
+    """A ServiceMonitor endpoint's scheme, TLS settings and bearer token as scrape-config
+    fields; ``token_file`` stands for the pod's ServiceAccount token."""
+    client: dict[str, Any] = {}
+    if endpoint.get("scheme"):
+        client["scheme"] = endpoint["scheme"]
+    tls = endpoint.get("tlsConfig")
+    if tls:
+        unsupported = set(tls) - {"insecureSkipVerify", "serverName"}
+        assert not unsupported, f"tlsConfig fields not translated here: {unsupported}"
+        client["tls_config"] = {"insecure_skip_verify": bool(tls.get("insecureSkipVerify"))}
+        if tls.get("serverName"):
+            client["tls_config"]["server_name"] = tls["serverName"]
+    if endpoint.get("bearerTokenFile"):
+        assert endpoint["bearerTokenFile"] == POD_TOKEN, endpoint["bearerTokenFile"]
+        assert token_file is not None, "the ServiceMonitor needs a ServiceAccount token"
+        client["authorization"] = {"type": "Bearer", "credentials_file": str(token_file)}
+    return client
+
+
 def service_monitor_job(
-    monitor: dict[str, Any], service: dict[str, Any], targets: Path
+    monitor: dict[str, Any],
+    service: dict[str, Any],
+    targets: Path,
+    token_file: Path | None = None,
 ) -> dict[str, Any]:
     endpoint = monitor["spec"]["endpoints"][0]
     relabel = [
@@ -124,6 +164,7 @@ def service_monitor_job(
         f"{monitor['metadata']['name']}/0",
         "scrape_interval": "2s",
         "honor_labels": endpoint.get("honorLabels", False),
+        **endpoint_client(endpoint, token_file),
         "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
         "relabel_configs": relabel,
     }
@@ -210,13 +251,25 @@ class Prometheus:
     """``prometheus`` from Debian's package on 127.0.0.1 (scripts/ensure-prometheus.sh)."""
 
     def __init__(
-        self, directory: Path, rendered: list[dict[str, Any]], api: Any, port: int | None = None
+        self,
+        directory: Path,
+        rendered: list[dict[str, Any]],
+        api: Any,
+        port: int | None = None,
+        token: str | None = None,
     ):
+        """``token``: the ServiceAccount token this Prometheus scrapes with where a
+        ServiceMonitor asks for its pod's token."""
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         targets = directory / "pods.json"
         self.discovery = PodDiscovery(api, targets)
+        token_file = None
+        if token is not None:
+            token_file = directory / "token"
+            token_file.write_text(token)
+            token_file.chmod(0o600)
         by_kind = {(d["kind"], d["metadata"]["name"]): d for d in rendered}
         monitors = [d for d in rendered if d["kind"] == "PodMonitor"]
         service_monitors = [d for d in rendered if d["kind"] == "ServiceMonitor"]
@@ -228,7 +281,7 @@ class Prometheus:
                 if kind == "Service"
                 and d["metadata"]["labels"].get("app.kubernetes.io/name") == "tpu-operator"
             )
-            jobs.append(service_monitor_job(monitor, service, targets))
+            jobs.append(service_monitor_job(monitor, service, targets, token_file))
         rules = [d for d in rendered if d["kind"] == "PrometheusRule"]
         self.rules_file = directory / "rules.yaml"
         self.rules_file.write_text(

@@ -47,6 +47,7 @@ from tpu_operator.runtime.kube import ApiError, Kube, RequestRecord, load_config
 from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
 from tpu_operator.runtime.listwatch import NODES, PODS, Kind, ListWatch, OnEvent, Store
 from tpu_operator.runtime.metrics import OperatorMetrics
+from tpu_operator.runtime.metrics_server import Gate, MetricsServer
 from tpu_operator.runtime.sampler import ProgressSampler
 from tpu_operator.runtime.workqueue import WorkQueue
 from tpu_operator.state.views import NodeView, PodView, pod_view
@@ -96,6 +97,12 @@ class OperatorConfig:
     """Act only while holding this Lease; None: act from start-up (one replica only)."""
     bind_address: str = "0.0.0.0"
     """Address of the metrics and health servers."""
+    metrics_auth: bool = True
+    """Serve metrics over HTTPS to scrapers the apiserver authenticates and authorizes
+    (TokenReview, SubjectAccessReview: ``runtime/metrics_server.py``); False: plain HTTP
+    to anyone."""
+    metrics_cert_dir: str | None = None
+    """The metrics server's certificate (``tls.crt``, ``tls.key``); unset: self-signed."""
     kueue: bool = False
     """Admit TPUJobs labelled kueue.x-k8s.io/queue-name through Kueue Workloads
     (docs/kueue.md); needs Kueue's CRDs."""
@@ -117,9 +124,11 @@ class OperatorConfig:
             if self.leader_election
             else "no leader election"
         )
+        guard = "authorized scrapers" if self.metrics_auth else "open"
         return (
             f"watching {scope}; {self.api_concurrency} concurrent API requests; "
-            f"metrics :{self.metrics_port}; liveness :{self.health_port}/healthz; {election}; "
+            f"metrics :{self.metrics_port} ({guard}); liveness :{self.health_port}/healthz; "
+            f"{election}; "
             f"placement.provisioning default {self.default_provisioning}"
         )
 
@@ -231,6 +240,24 @@ class Runtime:
             lambda: (list(self.caches.jobs()), list(self.caches.all_slices()))
         )
         self.metrics.watch_leadership(lambda: self.acting)
+        self.metrics_server: MetricsServer | None = None
+        if config.metrics_port:
+            gate = (
+                Gate(self._review, counted=self.metrics.metrics_auth_review)
+                if config.metrics_auth
+                else None
+            )
+            self.metrics_server = MetricsServer(
+                self.metrics.registry,
+                config.metrics_port,
+                config.bind_address,
+                gate=gate,
+                cert_dir=config.metrics_cert_dir,
+            )
+
+    async def _review(self, path: str, body: Any) -> Any:
+        """A TokenReview or SubjectAccessReview for the metrics endpoint's gate."""
+        return await self.kube.request("POST", path, body=body)
 
     def _api_request(self, record: RequestRecord) -> None:
         self._decoded += 1
@@ -354,10 +381,10 @@ class Runtime:
         if self.acting:
             self.enqueue_all()  # every node listed again: every pod's node may have changed
 
-    def serve(self) -> None:
+    async def serve(self) -> None:
         """What every replica runs, leader or standby: metrics and cache housekeeping."""
-        if self.config.metrics_port:
-            self.metrics.serve(self.config.metrics_port, self.config.bind_address)
+        if self.metrics_server is not None:
+            await self.metrics_server.start()
         self._housekeeping_task = asyncio.create_task(self._housekeeping(), name="housekeeping")
         self._trim_task = asyncio.create_task(self._trim(), name="trim")
         self.audit.start()  # a standby's caches must heal too
@@ -447,6 +474,8 @@ class Runtime:
             except TimeoutError:
                 log.warning("stopping with %d events not posted", self.events.dropped)
             await self.events.stop()
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         self.kube.close()
 
     def enqueue_all(self) -> None:

@@ -42,6 +42,20 @@ def _parser() -> argparse.ArgumentParser:
         help="address of the metrics and health servers (default: every interface)",
     )
     run.add_argument(
+        "--metrics-auth",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="serve metrics over HTTPS only to scrapers whose bearer token the apiserver "
+        "accepts (TokenReview) and who may get /metrics (SubjectAccessReview); "
+        "--no-metrics-auth: plain HTTP to anyone, for local use",
+    )
+    run.add_argument(
+        "--metrics-cert-dir",
+        help="directory with the metrics server's tls.crt and tls.key (a kubernetes.io/tls "
+        "Secret), read again when they change; default: a self-signed certificate made at "
+        "start-up",
+    )
+    run.add_argument(
         "--api-concurrency",
         type=int,
         default=32,
@@ -222,6 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     leader_election = lease_settings(args)
     if leader_election is not None and leader_election.problems():
         parser.error("; ".join(leader_election.problems()))
+    if args.metrics_cert_dir:
+        from tpu_operator.runtime.metrics_server import cert_dir_problem
+
+        problem = cert_dir_problem(args.metrics_cert_dir)
+        if problem:
+            parser.error(problem)
 
     import kopf
 
@@ -254,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             gc_threshold=args.gc_threshold,
             leader_election=leader_election,
             bind_address=args.bind_address,
+            metrics_auth=args.metrics_auth,
+            metrics_cert_dir=args.metrics_cert_dir,
             kueue=args.kueue,
             default_provisioning=args.default_provisioning,
             in_place_restarts=args.in_place_restarts,

@@ -194,7 +194,7 @@ async def started(memo: Any, **kwargs: Any) -> None:
     if "tpu_workloads" in kwargs:
         runtime.caches.attach_workloads(kwargs["tpu_workloads"])
     memo[WATCH_KEY] = asyncio.create_task(runtime.watch(), name="list-nodes-and-pods")
-    runtime.serve()
+    await runtime.serve()
     if config.leader_election is None:
         memo[LEADING_KEY] = asyncio.create_task(runtime.act(), name="act")
     else:

@@ -1,5 +1,7 @@
 """The end-to-end tier: the chart installed with helm, the operator running in the
-cluster as the chart's ServiceAccount, workers training, a real Prometheus scraping.
+cluster as the chart's ServiceAccount, workers training, a real Prometheus scraping (the
+operator's metrics through their authorization, with the token of a ServiceAccount
+``monitoring/prometheus`` the chart binds to its metrics reader role).
 
 Session order matters: the e2e tests share one release and one Prometheus (module
 fixtures in test_product.py); the integration tests' own operator process is stopped
@@ -17,10 +19,12 @@ import pytest
 
 from localcluster import images
 from localcluster.helm import Helm
-from localcluster.prometheus import Prometheus, free_port
+from localcluster.prometheus import PROMETHEUS_OPERATOR_APIS, Prometheus, free_port
 
 RELEASE = "tpu-operator"
 RELEASE_NAMESPACE = "tpu-system"
+PROMETHEUS_ACCOUNT = {"namespace": "monitoring", "name": "prometheus"}
+"""The ServiceAccount the e2e Prometheus scrapes as (the chart's metrics.auth.readers)."""
 
 # Stand-ins for prometheus-operator's CRDs, with open schemas: they let the apiserver
 # accept (and dry-run) the chart's ServiceMonitor, PodMonitor and PrometheusRule. Their
@@ -33,12 +37,19 @@ MONITORING_KINDS = {
 
 
 class ReleaseHelm(Helm):
-    """helm with this suite's release and namespace as defaults."""
+    """helm with this suite's release and namespace as defaults, rendering as for this
+    cluster, which serves prometheus-operator's APIs (``monitoring_crds``)."""
 
     def template(  # type: ignore[override]
-        self, values: dict[str, Any], release: str = RELEASE, namespace: str = RELEASE_NAMESPACE
+        self,
+        values: dict[str, Any],
+        release: str = RELEASE,
+        namespace: str = RELEASE_NAMESPACE,
+        api_versions: tuple[str, ...] = PROMETHEUS_OPERATOR_APIS,
     ) -> list[dict[str, Any]]:
-        return super().template(values, release=release, namespace=namespace)
+        return super().template(
+            values, release=release, namespace=namespace, api_versions=api_versions
+        )
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +59,10 @@ def helm(cluster) -> ReleaseHelm:
 
 @pytest.fixture(scope="session")
 def monitoring_crds(cluster) -> None:
+    install_monitoring_crds(cluster)
+
+
+def install_monitoring_crds(cluster) -> None:
     for kind, plural in MONITORING_KINDS.items():
         crd = {
             "apiVersion": "apiextensions.k8s.io/v1",
@@ -104,6 +119,7 @@ def release_values(operator_venv: Path) -> dict[str, Any]:
             # on its own pod IP.
             "bindAddress": "$(POD_IP)",
         },
+        "metrics": {"auth": {"readers": [PROMETHEUS_ACCOUNT]}},
         "serviceMonitor": {"enabled": True, "interval": "2s"},
         "podMonitor": {"enabled": True, "interval": "2s"},
         "prometheusRule": {
@@ -122,8 +138,22 @@ def rendered(helm: ReleaseHelm, release_values: dict[str, Any]) -> list[dict[str
 
 
 @pytest.fixture(scope="session")
-def prometheus(cluster, rendered, tmp_path_factory) -> Iterator[Prometheus]:
-    server = Prometheus(Path(tmp_path_factory.mktemp("prometheus")), rendered, cluster.api())
+def prometheus_token(cluster) -> str:
+    """A token of the ServiceAccount monitoring/prometheus, as its pod would have."""
+    namespace, name = PROMETHEUS_ACCOUNT["namespace"], PROMETHEUS_ACCOUNT["name"]
+    cluster.kubectl("create", "namespace", namespace, check=False)
+    cluster.kubectl("create", "serviceaccount", name, "-n", namespace, check=False)
+    return cluster.service_account_token(namespace, name)
+
+
+@pytest.fixture(scope="session")
+def prometheus(cluster, rendered, prometheus_token, tmp_path_factory) -> Iterator[Prometheus]:
+    server = Prometheus(
+        Path(tmp_path_factory.mktemp("prometheus")),
+        rendered,
+        cluster.api(),
+        token=prometheus_token,
+    )
     server.check_config()
     server.start()
     yield server

@@ -13,6 +13,7 @@ import math
 import re
 import shutil
 import subprocess
+import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from localcluster.pools import Pool
 from localcluster.prometheus import Prometheus
 from localcluster.testing import wait_until
 from tests.e2e.conftest import RELEASE, RELEASE_NAMESPACE, ReleaseHelm
-from tests.operator.support import Api, job_manifest
+from tests.operator.support import Api, job_manifest, read_metrics
 from tpu_operator import contract, dashboards
 
 pytestmark = pytest.mark.e2e
@@ -171,7 +172,7 @@ def test_chart_lints_and_renders_objects_the_apiserver_accepts(cluster, helm, mo
 
     roles = [d for d in helm.template(namespaced) if d["kind"] in ("Role", "ClusterRole")]
     assert sorted((d["kind"], d["metadata"].get("namespace", "")) for d in roles) == [
-        ("ClusterRole", ""),
+        *[("ClusterRole", "")] * 5,  # nodes; metrics auth and reader; users' edit and view
         ("Role", "team-a"),
         ("Role", "team-b"),
         ("Role", RELEASE_NAMESPACE),  # the leader election Lease
@@ -211,6 +212,8 @@ CAN = [
     ("get", f"leases.coordination.k8s.io/{RELEASE}", f"-n={RELEASE_NAMESPACE}"),
     ("update", f"leases.coordination.k8s.io/{RELEASE}", f"-n={RELEASE_NAMESPACE}"),
     ("create", "leases.coordination.k8s.io", f"-n={RELEASE_NAMESPACE}"),
+    ("create", "tokenreviews.authentication.k8s.io", ""),
+    ("create", "subjectaccessreviews.authorization.k8s.io", ""),
 ]
 CANNOT = [
     ("get", "secrets", "--all-namespaces"),
@@ -230,6 +233,8 @@ CANNOT = [
     ("update", "leases.coordination.k8s.io/other", f"-n={RELEASE_NAMESPACE}"),
     ("create", "leases.coordination.k8s.io", "-n=kube-system"),
     ("delete", f"leases.coordination.k8s.io/{RELEASE}", f"-n={RELEASE_NAMESPACE}"),
+    ("create", "serviceaccounts", f"-n={RELEASE_NAMESPACE} --subresource=token"),
+    ("get", "/metrics", ""),  # its own metrics are for scrapers, not for the operator
 ]
 
 
@@ -451,7 +456,7 @@ def test_every_example_is_accepted_placed_and_wired(cluster, release, namespace,
             for s in tpu.slices(namespace)
             if s["metadata"]["name"].startswith("v5p-multislice")
         ]
-        assert all(labels[contract.LABEL_KUEUE_QUEUE] == "tpu-queue" for labels in slice_labels)
+        assert all(labels[contract.LABEL_KUEUE_QUEUE] == "tpu" for labels in slice_labels)
         assert tpu.status(namespace, "v5e-train")["nodePools"] == ["v5e-4x4"]
         interactive = next(
             s for s in tpu.slices(namespace) if s["metadata"]["name"] == "v6e-interactive"
@@ -526,3 +531,83 @@ def test_helm_upgrade_rolls_the_operator_and_keeps_reconciling(
         log = cluster.pod_log(RELEASE_NAMESPACE, pod["metadata"]["name"], "operator").read_text()
         refused = [line for line in log.splitlines() if "forbidden" in line.lower()]
         assert not refused, f"{pod['metadata']['name']}: {refused[:3]}"
+
+
+def test_prometheus_scrapes_the_operator_through_its_authorization_and_others_are_refused(
+    cluster, release, release_values, prometheus: Prometheus, prometheus_token
+):
+    # Both replicas are the ServiceMonitor's targets, scraped over HTTPS with the token of
+    # the ServiceAccount the chart binds to its metrics reader role.
+    job = f"serviceMonitor/{RELEASE_NAMESPACE}/{RELEASE}/0"
+    prometheus.wait_for(f'count(up{{job="{job}"}} == 1) == 2', 60, "both operator replicas up")
+    targets = [t for t in prometheus.targets() if t["labels"]["job"] == job]
+    assert {t["scrapeUrl"].split("://")[0] for t in targets} == {"https"}
+    prometheus.wait_for(f'tpu_operator_leader{{job="{job}"}} == 1', 60, "the leader's gauge")
+
+    port = release_values["operator"]["metricsPort"]
+    stranger = "metrics-stranger"
+    cluster.kubectl("create", "serviceaccount", stranger, "-n", "monitoring", check=False)
+    forbidden = cluster.service_account_token("monitoring", stranger)
+    for pod in operator_pods(cluster):
+        url = f"https://{pod['status']['podIP']}:{port}/metrics"
+        assert "tpu_operator_build_info" in read_metrics(url, prometheus_token)
+        for token, code in ((None, 401), ("not-a-token", 401), (forbidden, 403)):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                read_metrics(url, token)
+            body = refused.value.read()
+            assert refused.value.code == code, (token, body)
+            assert b"tpu_operator_" not in body
+
+
+def test_users_get_tpujobs_through_the_default_edit_and_view_roles(cluster, release, namespace):
+    for user, role in (("alice", "edit"), ("bob", "view")):
+        cluster.kubectl(
+            "create",
+            "rolebinding",
+            user,
+            f"--clusterrole={role}",
+            f"--user={user}",
+            "-n",
+            namespace,
+        )
+
+    def can(user: str, verb: str, resource: str, *more: str) -> bool:
+        answer = cluster.kubectl(
+            "auth", "can-i", verb, resource, f"--as={user}", "-n", namespace, *more, check=False
+        )
+        return answer.stdout.strip() == "yes"
+
+    # The controller-manager aggregates the chart's roles into edit and view.
+    for user, verb, role in (("alice", "create", "edit"), ("bob", "list", "view")):
+        wait_until(
+            lambda user=user, verb=verb: can(user, verb, "tpujobs.tpu-operator.dev"),
+            timeout=60,
+            message=f"TPUJobs aggregated into the {role} role",
+        )
+    for verb in ("create", "patch", "delete", "get", "watch"):
+        for resource in ("tpujobs.tpu-operator.dev", "tpuslices.tpu-operator.dev"):
+            assert can("alice", verb, resource), (verb, resource)
+            assert can("bob", verb, resource) == (verb in ("get", "watch")), (verb, resource)
+    assert not can("carol", "get", "tpujobs.tpu-operator.dev")
+    assert can("bob", "get", "tpujobs.tpu-operator.dev", "--subresource=status")
+    assert not can("alice", "patch", "tpujobs.tpu-operator.dev", "--subresource=status")
+
+
+def test_the_install_notes_find_the_leader(cluster, helm: ReleaseHelm, release):
+    notes = helm("get", "notes", RELEASE, "--namespace", RELEASE_NAMESPACE).stdout
+    lines = [line.strip() for line in notes.splitlines()]
+    find = next(line for line in lines if line.startswith("LEADER="))
+    logs = next(line for line in lines if line.startswith(f"kubectl -n {RELEASE_NAMESPACE} logs"))
+    assert "deploy/" not in notes
+    # The notes' commands as a user runs them, with `kubectl logs` reduced to naming the pod
+    # (the local cluster serves no pod logs; its files are read instead).
+    pod = subprocess.run(
+        ["sh", "-c", f"{find}\nprintf %s {logs.rsplit(' ', 1)[1]}"],
+        env={**cluster.env(), "PATH": f"{cluster.kubectl_path.parent}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert pod == lease_holder(cluster)
+    log = cluster.pod_log(RELEASE_NAMESPACE, pod, "operator").read_text()
+    assert "acting as the leader" in log

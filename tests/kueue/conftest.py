@@ -1,5 +1,6 @@
 """Fixtures for the Kueue tier: a real Kueue on the session's local cluster, the operator
-run with ``--kueue``, and one ClusterQueue + LocalQueue per test.
+run with ``--kueue`` as the chart's ServiceAccount with exactly the chart's RBAC for
+``kueue.enabled`` (``ChartIdentity``), and one ClusterQueue + LocalQueue per test.
 
 Kueue is built once (cached, ``localcluster/kueue.py``) and started per test module; it
 is stopped (and its webhooks removed), and the ``--kueue`` operator with it, when the
@@ -18,7 +19,7 @@ import pytest
 
 from localcluster.kueue import Kueue, tpu_queues
 from localcluster.pools import default_pools
-from tests.operator.support import Api, OperatorProcess, install_crds
+from tests.operator.support import Api, ChartIdentity, OperatorProcess, install_crds
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +34,19 @@ def kueue(cluster) -> Iterator[Kueue]:
 @pytest.fixture(scope="module")
 def kueue_operator(cluster, kueue, tmp_path_factory) -> Iterator[OperatorProcess]:
     install_crds(cluster)
-    log_path = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
-    process = OperatorProcess(cluster.kubeconfig, log_path, ["--kueue"])
+    directory = Path(tmp_path_factory.mktemp("operator"))
+    identity = ChartIdentity(
+        cluster,
+        directory,
+        release="tpu-operator-kueue",
+        namespace="tpu-operator-kueue",
+        values={"kueue": {"enabled": True}},
+    ).create()
+    process = identity.operator(directory / "operator.log", ["--kueue"])
     process.start()
     yield process
     process.stop()
+    identity.delete()
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Fixtures for the operator's integration tests: CRDs installed, the operator running."""
+"""Fixtures for the operator's integration tests: CRDs installed, the operator running as
+the chart's ServiceAccount with exactly the chart's RBAC (``ChartIdentity``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import pytest
 
 from localcluster.agent.client import AgentError
 from localcluster.pools import Pool
-from tests.operator.support import Api, OperatorProcess, install_crds
+from tests.operator.support import Api, ChartIdentity, OperatorProcess, install_crds
+
+RELEASE = "tpu-operator-it"
+"""The release (and namespace) the package's operator's identity is rendered for: not the
+end-to-end tier's, whose helm release would collide with these ClusterRoles."""
 
 
 @pytest.fixture(scope="session")
@@ -19,9 +24,19 @@ def crds(cluster) -> None:
 
 
 @pytest.fixture(scope="package")
-def operator(cluster, crds, tmp_path_factory) -> Iterator[OperatorProcess]:
-    """One operator process for this package's tests; stopped before other packages (the
-    end-to-end tests run the operator from the Helm chart and must not meet a second one)."""
+def identity(cluster, tmp_path_factory) -> Iterator[ChartIdentity]:
+    """The chart's ServiceAccount and RBAC (default values: in-place restarts on)."""
+    directory = Path(tmp_path_factory.mktemp("identity"))
+    made = ChartIdentity(cluster, directory, release=RELEASE, namespace=RELEASE).create()
+    yield made
+    made.delete()
+
+
+@pytest.fixture(scope="package")
+def operator(cluster, crds, identity, tmp_path_factory) -> Iterator[OperatorProcess]:
+    """One operator process for this package's tests, acting as the chart's ServiceAccount;
+    stopped before other packages (the end-to-end tests run the operator from the Helm
+    chart and must not meet a second one)."""
     directory = Path(tmp_path_factory.mktemp("operator"))
     log_path = directory / "operator.log"
     key = directory / "control.key"
@@ -29,8 +44,7 @@ def operator(cluster, crds, tmp_path_factory) -> Iterator[OperatorProcess]:
     # Progress every 2 s instead of 30 s, so that the progress tests need not wait; a key
     # file, as the chart mounts one, so that a restarted operator can still command the
     # supervisors of running jobs.
-    process = OperatorProcess(
-        cluster.kubeconfig,
+    process = identity.operator(
         log_path,
         ["--progress-publish-seconds=2", "--in-place-restarts", f"--control-key-file={key}"],
     )

@@ -6,15 +6,18 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from localcluster import Cluster
+from localcluster.helm import Helm
 from localcluster.testing import wait_until
 from tpu_operator import contract, crdgen
 
@@ -29,7 +32,11 @@ def free_port() -> int:
 
 
 class OperatorProcess:
-    """``tpu-operator run`` as a real subprocess against the test cluster."""
+    """``tpu-operator run`` as a real subprocess against the test cluster.
+
+    With ``metrics_token`` its metrics are served as in a cluster, over HTTPS to
+    authorized scrapers only, and ``metrics()`` reads them with that token; without
+    one the process runs with ``--no-metrics-auth`` (plain HTTP, as for local use)."""
 
     def __init__(
         self,
@@ -38,8 +45,10 @@ class OperatorProcess:
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         python: str | None = None,
+        metrics_token: str | None = None,
     ):
         self.kubeconfig = kubeconfig
+        self.metrics_token = metrics_token
         self.log_path = log_path
         self.extra_args = extra_args or []
         self.env = env or {}
@@ -60,6 +69,7 @@ class OperatorProcess:
             f"--kubeconfig={self.kubeconfig}",
             f"--metrics-port={self.metrics_port}",
             f"--health-port={self.health_port}",
+            *([] if self.metrics_token else ["--no-metrics-auth"]),
             *self.extra_args,
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the child's lifetime)
@@ -123,16 +133,117 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def metrics(self) -> str:
-        import urllib.request
+    @property
+    def metrics_url(self) -> str:
+        scheme = "https" if self.metrics_token else "http"
+        return f"{scheme}://127.0.0.1:{self.metrics_port}/metrics"
 
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
-        ) as response:
-            return response.read().decode()
+    def metrics(self, token: str | None = None) -> str:
+        """The metrics text, read with ``token`` (default: the process's scraper token)."""
+        return read_metrics(self.metrics_url, token or self.metrics_token)
 
     def tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def read_metrics(url: str, token: str | None) -> str:
+    """GET a metrics endpoint, with a bearer token when given; the operator's certificate
+    is self-signed, so it is not verified. HTTP errors raise ``urllib.error.HTTPError``."""
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with urllib.request.urlopen(request, timeout=5, context=context) as response:
+        return response.read().decode()
+
+
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+CLUSTER_KINDS = ("ClusterRole", "ClusterRoleBinding")
+
+
+class ChartIdentity:
+    """The operator's identity exactly as the chart makes it.
+
+    The chart is rendered with helm (``values`` over its defaults, for release
+    ``release`` in ``namespace``); its ServiceAccount and every Role, ClusterRole and
+    binding are applied as rendered, and ``kubeconfig`` authenticates as that
+    ServiceAccount with a token from the TokenRequest API, as a pod's would. An operator
+    run with it may do what the chart grants and nothing else: a verb the chart lacks
+    makes the test that needs it fail. The chart's user-facing aggregated roles are left
+    out (they grant users, not the operator, and would widen every namespace's ``edit``).
+
+    ``scraper_token`` belongs to a ServiceAccount the chart binds to its metrics reader
+    role (``metrics.auth.readers``): what a Prometheus would present.
+    Release names must differ between identities alive at once (their ClusterRoles are
+    named after the release); ``delete`` removes the cluster-wide objects.
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        directory: Path,
+        *,
+        release: str,
+        namespace: str,
+        values: dict[str, Any] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.release = release
+        self.namespace = namespace
+        self.scraper = f"{release}-scraper"
+        self.kubeconfig = directory / f"{release}.kubeconfig"
+        reader = {"namespace": namespace, "name": self.scraper}
+        self.values = {
+            **(values or {}),
+            "rbac": {"create": True, "aggregateToDefaultRoles": False},
+            "metrics": {"auth": {"enabled": True, "readers": [reader]}},
+        }
+        documents = Helm(cluster.kubeconfig).template(
+            self.values, release=release, namespace=namespace
+        )
+        self.objects = [d for d in documents if d["kind"] in RBAC_KINDS]
+        accounts = [d for d in self.objects if d["kind"] == "ServiceAccount"]
+        assert len(accounts) == 1, [a["metadata"]["name"] for a in accounts]
+        self.service_account = accounts[0]["metadata"]["name"]
+        self.scraper_token = ""
+        self._made_namespace = False
+
+    def create(self) -> ChartIdentity:
+        api = self.cluster.api()
+        status, _ = api.request("GET", f"/api/v1/namespaces/{self.namespace}")
+        if status == 404:
+            api.call("POST", "/api/v1/namespaces", {"metadata": {"name": self.namespace}})
+            self._made_namespace = True
+        scraper = {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": self.scraper, "namespace": self.namespace},
+        }
+        stream = "\n---\n".join(json.dumps(d) for d in [*self.objects, scraper])
+        self.cluster.kubectl("apply", "-f", "-", input=stream)
+        self.cluster.service_account_kubeconfig(
+            self.namespace, self.service_account, self.kubeconfig
+        )
+        self.scraper_token = self.cluster.service_account_token(self.namespace, self.scraper)
+        return self
+
+    def operator(self, log_path: Path, extra_args: list[str] | None = None) -> OperatorProcess:
+        """An operator process that acts as this identity (metrics behind authorization,
+        read with the scraper's token)."""
+        return OperatorProcess(
+            self.kubeconfig, log_path, extra_args, metrics_token=self.scraper_token
+        )
+
+    def delete(self) -> None:
+        for d in self.objects:
+            if d["kind"] in CLUSTER_KINDS:
+                self.cluster.kubectl(
+                    "delete", d["kind"].lower(), d["metadata"]["name"], "--ignore-not-found"
+                )
+        if self._made_namespace:
+            self.cluster.kubectl("delete", "namespace", self.namespace, "--wait=false")
 
 
 def worker_template(command: str, grace: int = 2, **container: Any) -> dict[str, Any]:

@@ -15,13 +15,20 @@ stopped here, and ``running_operator`` starts it again for the tests after these
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from localcluster.testing import wait_until
-from tests.operator.support import Api, OperatorProcess, PodAttemptRecorder, job_manifest
+from tests.operator.support import (
+    Api,
+    ChartIdentity,
+    OperatorProcess,
+    PodAttemptRecorder,
+    job_manifest,
+)
 from tpu_operator.runtime import lease
 
 pytestmark = pytest.mark.integration
@@ -52,13 +59,20 @@ def metric(process: OperatorProcess, name: str) -> float | None:
 
 
 def writes(process: OperatorProcess) -> float:
-    """API requests other than reads (a standby's cache audit reads, it never writes)."""
+    """API requests other than reads (a standby's cache audit reads, it never writes), less
+    the TokenReviews and SubjectAccessReviews its metrics endpoint asks for (POSTs that
+    store nothing)."""
     text = process.metrics()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("tpu_operator_api_requests_total{") and 'verb="GET"' not in line
-    )
+
+    def total(prefix: str, keep=lambda line: True) -> float:
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(prefix) and keep(line)
+        )
+
+    requests = total("tpu_operator_api_requests_total{", lambda line: 'verb="GET"' not in line)
+    return requests - total("tpu_operator_metrics_auth_reviews_total{")
 
 
 def leads(process: OperatorProcess) -> bool:
@@ -70,7 +84,18 @@ def reconciles(process: OperatorProcess) -> float:
 
 
 class Candidates:
+    """Two replicas acting as the chart's ServiceAccount, with the chart's RBAC rendered for
+    a release in the test's namespace whose Lease is ``LEASE``: the Role lets them create
+    Leases there and read and renew that one only."""
+
     def __init__(self, cluster, namespace: str, directory: Path) -> None:
+        self.identity = ChartIdentity(
+            cluster,
+            directory,
+            release=f"le-{uuid.uuid4().hex[:8]}",
+            namespace=namespace,
+            values={"leaderElection": {"leaseName": LEASE}},
+        ).create()
         args = [
             "--leader-elect",
             f"--leader-elect-namespace={namespace}",
@@ -79,8 +104,8 @@ class Candidates:
             f"--leader-elect-renew-deadline={RENEW_DEADLINE}",
             f"--leader-elect-retry-period={RETRY_PERIOD}",
         ]
-        self.a = OperatorProcess(cluster.kubeconfig, directory / "a.log", args)
-        self.b = OperatorProcess(cluster.kubeconfig, directory / "b.log", args)
+        self.a = self.identity.operator(directory / "a.log", args)
+        self.b = self.identity.operator(directory / "b.log", args)
 
     def start_leader_and_standby(self) -> None:
         self.a.start()
@@ -97,6 +122,7 @@ class Candidates:
         for process in (self.a, self.b):
             process.thaw()
             process.stop()
+        self.identity.delete()
 
 
 @pytest.fixture

@@ -16,7 +16,13 @@ import pytest
 
 from localcluster import Autoprovisioning, Cluster, Pool
 from localcluster.testing import wait_until
-from tests.operator.support import Api, OperatorProcess, PodAttemptRecorder, install_crds
+from tests.operator.support import (
+    Api,
+    ChartIdentity,
+    OperatorProcess,
+    PodAttemptRecorder,
+    install_crds,
+)
 from tests.operator.support import job_manifest as manifest
 from tpu_operator import contract
 
@@ -54,10 +60,18 @@ def nap_cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def nap_operator(nap_cluster: Cluster, tmp_path_factory) -> Iterator[OperatorProcess]:
-    log_path = Path(tmp_path_factory.mktemp("nap-operator")) / "operator.log"
+    directory = Path(tmp_path_factory.mktemp("nap-operator"))
+    # As the chart's ServiceAccount, with exactly the chart's RBAC.
+    identity = ChartIdentity(
+        nap_cluster,
+        directory,
+        release="tpu-operator-nap",
+        namespace="tpu-operator-nap",
+        values={"placement": {"defaultProvisioning": "Auto"}},
+    ).create()
     # Auto by default: jobs that do not set placement.provisioning ask GKE for pools too
-    process = OperatorProcess(
-        nap_cluster.kubeconfig, log_path, extra_args=["--default-provisioning=Auto"]
+    process = identity.operator(
+        directory / "operator.log", extra_args=["--default-provisioning=Auto"]
     )
     process.start()
     yield process

@@ -68,12 +68,21 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
   resources: [events]
   verbs: [create, patch]
 {{- if .Values.kueue.enabled }}
-# Kueue integration (docs/kueue.md): one Workload per queued TPUJob.
+# Kueue integration (docs/kueue.md): one Workload per queued TPUJob; patch deactivates
+# and reactivates it around a suspend (spec.active).
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads/status]
   verbs: [get, patch]
 {{- end }}
+{{- end -}}
+
+{{- define "tpu-operator.metricsReader" -}}
+{{- printf "%s-metrics-reader" (include "tpu-operator.fullname" .) -}}
+{{- end -}}
+
+{{- define "tpu-operator.metricsScraper" -}}
+{{- printf "%s-metrics-scraper" (include "tpu-operator.fullname" .) -}}
 {{- end -}}

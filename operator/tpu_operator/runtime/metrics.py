@@ -11,7 +11,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -181,6 +181,14 @@ class OperatorMetrics:
             registry=r,
         )
         build.labels(__version__, platform.python_version()).set(1)
+        self.metrics_auth_reviews = Counter(
+            "tpu_operator_metrics_auth_reviews_total",
+            "Reviews the metrics endpoint asked of the apiserver to let a scraper in, by "
+            "review (TokenReview, SubjectAccessReview) and result (authenticated, "
+            "unauthenticated, allowed, denied, error); cached answers are not counted",
+            ["review", "result"],
+            registry=r,
+        )
         self.leader = Gauge(
             "tpu_operator_leader",
             "1 if this replica acts (holds the leader Lease, or runs without leader election)",
@@ -231,5 +239,5 @@ class OperatorMetrics:
         self._leading = leading
         self.leader.set_function(lambda: float(leading()))
 
-    def serve(self, port: int, address: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=address, registry=self.registry)
+    def metrics_auth_review(self, review: str, result: str) -> None:
+        self.metrics_auth_reviews.labels(review, result).inc()
