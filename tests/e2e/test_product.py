@@ -202,7 +202,7 @@ CAN = [
     ("create", "tpuslices.tpu-operator.dev", "-n=default"),
     ("create", "pods", "-n=default"),
     ("patch", "pods", "-n=default"),
-    ("deletecollection", "pods", "-n=default"),
+    ("delete", "pods", "-n=default"),
     ("create", "secrets", "-n=default"),
     ("create", "services", "-n=default"),
     ("get", "services", "-n=default"),
@@ -216,6 +216,7 @@ CAN = [
     ("create", "subjectaccessreviews.authorization.k8s.io", ""),
 ]
 CANNOT = [
+    ("deletecollection", "pods", "-n=default"),  # pods are deleted one by one, by UID
     ("get", "secrets", "--all-namespaces"),
     ("list", "secrets", "-n=kube-system"),
     ("update", "secrets", "-n=default"),

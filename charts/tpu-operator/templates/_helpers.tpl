@@ -51,7 +51,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
   verbs: [get, patch]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create, patch, delete, deletecollection]
+  verbs: [get, list, watch, create, patch, delete]
 # Headless Services: listed at start and every resync (which exist), read when a create
 # finds one of that name (whose it is).
 - apiGroups: [""]
