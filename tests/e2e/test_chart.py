@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from localcluster.helm import CHART, values_file
+from localcluster.helm import CHART, HelmError, values_file
 from localcluster.prometheus import PROMETHEUS_OPERATOR_APIS
 from localcluster.testing import wait_until
 from tests.e2e.conftest import (
@@ -306,3 +306,30 @@ def test_install_notes_name_the_monitors_this_cluster_cannot_take(cluster, helm:
     manifest, notes = again.split("NOTES:", 1)
     assert "NOT CREATED" not in notes
     assert "kind: ServiceMonitor\n" in manifest and "kind: PrometheusRule\n" in manifest
+
+
+@pytest.mark.parametrize(
+    ("values", "said"),
+    [
+        ({"podSecurityContext": {"runAsUsr": 5}}, "additional properties 'runAsUsr' not allowed"),
+        ({"podSecurityContext": {"runAsNonRoot": False}}, "/podSecurityContext/runAsNonRoot"),
+        ({"podSecurityContext": {"runAsUser": "65532"}}, "/podSecurityContext/runAsUser"),
+        ({"securityContext": {"privileged": True}}, "/securityContext/privileged"),
+        ({"securityContext": {"allowPrivilegeEscalation": True}}, "allowPrivilegeEscalation"),
+        (
+            {"securityContext": {"capabilities": {"drop": "ALL"}}},
+            "/securityContext/capabilities/drop",
+        ),
+        ({"securityContext": {"seccompProfile": {"type": "Open"}}}, "seccompProfile/type"),
+    ],
+)
+def test_security_contexts_are_checked_against_the_kubernetes_fields(
+    helm: ReleaseHelm, values, said
+):
+    """The chart's schema knows the fields of a PodSecurityContext and a SecurityContext,
+    refuses any other (a typo would otherwise be dropped without a word) and any value
+    that would give the operator a privilege it never needs."""
+    with pytest.raises(HelmError) as refused:
+        helm.template(values)
+    assert said in str(refused.value)
+    assert helm.template({"podSecurityContext": {"runAsUser": 1000, "fsGroup": 1000}})
