@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -29,6 +30,16 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@functools.lru_cache(maxsize=8)
+def _serves_auth(python: str) -> bool:
+    """Whether the operator this interpreter runs checks its scrapers (and so takes
+    ``--no-metrics-auth``): a benchmark's A/B may run an earlier commit that does not."""
+    found = subprocess.run(
+        [python, "-m", "tpu_operator", "run", "--help"], capture_output=True, text=True, check=False
+    )
+    return "--no-metrics-auth" in found.stdout
 
 
 class OperatorProcess:
@@ -69,7 +80,7 @@ class OperatorProcess:
             f"--kubeconfig={self.kubeconfig}",
             f"--metrics-port={self.metrics_port}",
             f"--health-port={self.health_port}",
-            *([] if self.metrics_token else ["--no-metrics-auth"]),
+            *([] if self.metrics_token or not _serves_auth(self.python) else ["--no-metrics-auth"]),
             *self.extra_args,
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the child's lifetime)
