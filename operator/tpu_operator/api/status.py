@@ -125,7 +125,7 @@ class Reason(StrEnum):
     POD_CREATION_FAILED = "PodCreationFailed"
     """Creating the worker pods failed for another reason the apiserver gave (an
     unavailable admission webhook, throttling); retried like PodsForbidden."""
-    # Kueue (docs/kueue.md); Kueue's own reasons are used as they are for the conditions.
+    # Kueue (docs/tasks/kueue.md); Kueue's own reasons are used as they are for the conditions.
     QUEUED = "Queued"
     ADMITTED = "Admitted"
     WORKLOAD_EVICTED = "WorkloadEvicted"
@@ -136,7 +136,7 @@ class Reason(StrEnum):
     or an admission check's podSetUpdate sets a node selector (label, annotation) key to
     another value than the job's own or another update's. The job fails (as Kueue's own
     jobs fail to start) and its Workload is marked Finished, which frees the quota."""
-    # In-place restarts (docs/api.md, "Restarts").
+    # In-place restarts (docs/concepts/attempts-and-restarts.md).
     CHECKPOINT_REQUESTED = "CheckpointRequested"
     """GKE announced maintenance or termination of a node of a running job: its workers
     were asked to checkpoint now (once per notice)."""
