@@ -405,18 +405,19 @@ FOREIGN_FIELDS = {
 DOTTED = re.compile(r"^([a-z][A-Za-z0-9]*)((?:\.[A-Za-z][A-Za-z0-9]*|\[\d*\])+)(?:[=:].*)?$")
 
 
-def named_paths(path: Path) -> Iterator[tuple[int, str]]:
-    """Dotted paths in code spans (``spec.placement.spot``, ``podMonitor.enabled=true``)
-    and the keys of ``--set`` in code blocks."""
+def named_paths(path: Path) -> Iterator[tuple[int, str, bool]]:
+    """Dotted paths in code spans (``spec.placement.spot``, ``podMonitor.enabled=true``),
+    and the keys of ``--set`` anywhere (True: a chart value for certain)."""
     for number, span in page(path).spans():
         match = DOTTED.match(span)
         if match and not is_path(span):
-            yield number, match[1] + match[2]
-    for start, _, text in page(path).blocks:
-        for offset, line in enumerate(text.splitlines(), 1):
-            for assignments in re.findall(r"--set[ =](\S+)", line):
-                for assignment in assignments.split(","):
-                    yield start + offset, assignment.split("=", 1)[0]
+            yield number, match[1] + match[2], False
+    for number, line in inline_and_code(path):
+        for assignments in re.findall(r"--set[ =](\S+)", line):
+            for assignment in assignments.split(","):
+                key = assignment.split("=", 1)[0]
+                if "<" not in key:  # not a placeholder (--set <value>=...)
+                    yield number, key, True
 
 
 def path_problem(dotted: str) -> str | None:
@@ -443,8 +444,8 @@ def path_problem(dotted: str) -> str | None:
 def test_every_chart_value_and_crd_field_named_exists(path: Path):
     problems = {
         f"{dotted} (line {number}: {problem})"
-        for number, dotted in named_paths(path)
-        if (problem := path_problem(dotted))
+        for number, dotted, value in named_paths(path)
+        if (problem := value_problem(dotted) if value else path_problem(dotted))
     }
     assert not problems, f"{path.relative_to(REPO)}: {sorted(problems)}"
 
