@@ -248,9 +248,13 @@ def enum_members(cls: type) -> list[tuple[str, str, str]]:
     for index, node in enumerate(statements):
         if not (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)):
             continue
-        for line in lines[previous_end : node.lineno - 1]:
-            if line.strip().startswith("#"):
-                group = line.strip().lstrip("# ").strip()
+        comments = [
+            line.strip().lstrip("#").strip()
+            for line in lines[previous_end : node.lineno - 1]
+            if line.strip().startswith("#")
+        ]
+        if comments:
+            group = " ".join(comments)
         following = statements[index + 1] if index + 1 < len(statements) else None
         doc = ""
         if (
@@ -292,13 +296,12 @@ def _vocabulary() -> list[str]:
         "own reasons appear unchanged in the `Queued`, `Admitted` and `Evicted` conditions.",
         "",
     ]
-    lines += _table(
-        ["Reason", "Group", "Meaning"],
-        (
-            [_code(value), _line(group), _line(doc)]
-            for group, value, doc in enum_members(status.Reason)
-        ),
-    )
+    groups: dict[str, list[list[str]]] = {}
+    for group, value, doc in enum_members(status.Reason):
+        groups.setdefault(group, []).append([_code(value), _line(doc)])
+    for group, rows in groups.items():
+        lines += [f"{group[0].upper()}{group[1:]}", ""] if group else []
+        lines += _table(["Reason", "Meaning"], rows)
     lines += ["### Restart kinds (`status.restartKind`)", ""]
     lines += _table(
         ["Kind", "Meaning"],
