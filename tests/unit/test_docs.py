@@ -38,6 +38,7 @@ from tpu_operator.builders import workload
 from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
 from tpu_operator.builders.supervision import Supervision
 from tpu_operator.builders.wiring import PodWiring, Ports
+from tpu_operator.runtime import lease
 
 pytestmark = pytest.mark.unit
 
@@ -866,3 +867,36 @@ def test_every_abbreviation_on_the_users_path_is_in_the_glossary(path: Path):
             if not word.isdigit():
                 unknown.add(f"{word} (line {number})")
     assert not unknown, f"{path.relative_to(REPO)}: define in the glossary: {sorted(unknown)}"
+
+
+# Figures that follow from defaults
+
+
+def test_the_leader_election_defaults_the_docs_give_are_the_codes():
+    """The table of leader election settings, and the failover figure stated with them,
+    give the flags' and the chart's defaults."""
+    parsers = {
+        a.option_strings[0]: a.default
+        for sub in docgen._subcommands(cli._parser()).values()
+        for a in sub._actions
+        if a.option_strings
+    }
+    values = chart_values()
+    rows = 0
+    for _, line in page(DOCS / "operations" / "high-availability.md").prose:
+        match = re.match(
+            r"\| [a-z ]+ \| `(--leader-elect-[a-z-]+)` \| `([\w.]+)` \| (\d+) s \|", line
+        )
+        if not match:
+            continue
+        flag, value, default = match[1], match[2], float(match[3])
+        assert parsers[flag] == default, f"{flag} defaults to {parsers[flag]}, not {default}"
+        node: Any = values
+        for part in value.split("."):
+            node = node[part]
+        assert node == default, f"{value} defaults to {node}, not {default}"
+        rows += 1
+    assert rows == 3
+    defaults = f"{lease.LEASE_DURATION}/{lease.RENEW_DEADLINE:g}/{lease.RETRY_PERIOD:g} s"
+    for path in (DOCS / "operations" / "sizing.md", DOCS / "operations" / "high-availability.md"):
+        assert defaults in path.read_text(), f"{path.name} does not state the defaults {defaults}"
