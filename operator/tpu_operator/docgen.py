@@ -337,11 +337,11 @@ def api_page() -> str:
 
 _OPERATOR_LABELS: dict[str, tuple[str, str]] = {
     "LABEL_JOB_NAME": (
-        "worker pods, TPUSlices, control-key Secrets",
+        "worker pods, TPUSlices, a TPUJob's headless Service (its selector), control-key Secrets",
         "The TPUJob's name (a standalone TPUSlice's own name on its pods).",
     ),
     "LABEL_SLICE_NAME": (
-        "worker pods",
+        "worker pods, a standalone TPUSlice's headless Service (its selector)",
         "The TPUSlice the pod belongs to; the operator watches only pods with this label.",
     ),
     "LABEL_SLICE_INDEX": ("worker pods, TPUSlices", "Index of the slice in its job."),
