@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: venv test unit lint fmt crds dashboards demo demo-down cluster-up cluster-down clean
+.PHONY: venv test unit lint fmt crds dashboards docs demo demo-down cluster-up cluster-down clean
 
 venv: $(STAMP)
 
@@ -45,6 +45,11 @@ crds: venv
 
 dashboards: venv
 	$(BIN)/tpu-operator dashboards --write
+
+# The reference pages of the docs (docs/reference/), from the models, contract, metrics,
+# alert rules, flags and chart values; a unit test fails when they are stale.
+docs: venv
+	$(BIN)/tpu-operator docs --write
 
 # The local control plane with simulated TPU pools, detached (KUBECONFIG is printed).
 cluster-up: venv

@@ -4,7 +4,7 @@ etcd, kube-apiserver, kube-controller-manager and kube-scheduler built from Go m
 one pinned version (:mod:`localcluster.binaries`), a node agent that plays kubelet for
 simulated GKE TPU and CPU nodes (:mod:`localcluster.agent`), and a launcher that runs them
 as a library (:class:`Cluster`) or a CLI (``python -m localcluster``). See
-``docs/localcluster.md``.
+``docs/contributing/localcluster.md``.
 """
 
 from localcluster.agent.client import AgentClient, AgentError

@@ -25,7 +25,7 @@ The schedule's decisions are a reproducible sequence for a seed; which request m
 decision depends on the order in which concurrent requests arrive.
 
 Usable as a context manager (a thread with its own event loop) and as
-``python -m localcluster faultproxy`` (see ``docs/localcluster.md``).
+``python -m localcluster faultproxy`` (see ``docs/contributing/localcluster.md``).
 """
 
 from __future__ import annotations

@@ -105,11 +105,12 @@ class OperatorConfig:
     """The metrics server's certificate (``tls.crt``, ``tls.key``); unset: self-signed."""
     kueue: bool = False
     """Admit TPUJobs labelled kueue.x-k8s.io/queue-name through Kueue Workloads
-    (docs/kueue.md); needs Kueue's CRDs."""
+    (docs/tasks/kueue.md); needs Kueue's CRDs."""
     default_provisioning: str = "ExistingPools"
     """spec.placement.provisioning of the objects that leave it unset."""
     in_place_restarts: bool = True
-    """Restart gangs in place where the workers run the supervisor (docs/api.md)."""
+    """Restart gangs in place where the workers run the supervisor
+    (docs/concepts/attempts-and-restarts.md)."""
     control_key_file: str | None = None
     """The master key of the control channel to the supervisors (every replica must read
     the same one); unset: a random key per process."""

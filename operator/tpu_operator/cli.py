@@ -1,4 +1,5 @@
-"""The ``tpu-operator`` command: run the operator, print the CRDs, print the version."""
+"""The ``tpu-operator`` command: run the operator, write the generated CRDs, dashboards and
+reference docs, print the version."""
 
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--kueue",
         action="store_true",
-        help="admit TPUJobs labelled kueue.x-k8s.io/queue-name through Kueue (docs/kueue.md)",
+        help="admit TPUJobs labelled kueue.x-k8s.io/queue-name through Kueue (docs/tasks/kueue.md)",
     )
     run.add_argument(
         "--default-provisioning",
@@ -152,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
         default="ExistingPools",
         help="spec.placement.provisioning of the TPUJobs and TPUSlices that leave it unset: "
         "ExistingPools (wait for a free node pool) or Auto (let GKE create one: node "
-        "auto-provisioning, Autopilot); docs/api.md",
+        "auto-provisioning, Autopilot); docs/tasks/spot-and-reservations.md",
     )
     run.add_argument(
         "--control-key-file",
@@ -165,7 +166,7 @@ def _parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="restart gangs in place where the workers run tpu-worker's supervisor "
-        "(docs/api.md); --no-in-place-restarts: always recreate the pods",
+        "(docs/tasks/restarts.md); --no-in-place-restarts: always recreate the pods",
     )
     run.add_argument(
         "--control-network-policy",
@@ -191,6 +192,14 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         required=True,
         help="write charts/.../dashboards/*.json and charts/.../templates/_worker_metrics.tpl",
+    )
+    sub.add_parser(
+        "docs", help="write the reference pages of the docs generated from the code"
+    ).add_argument(
+        "--write",
+        action="store_true",
+        required=True,
+        help="write docs/reference/ (API fields, labels, metrics and alerts, flags, chart values)",
     )
     sub.add_parser("version", help="print the version")
     return parser
@@ -221,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         from tpu_operator import dashboards
 
         for path in dashboards.write():
+            print(f"wrote {path}", file=sys.stderr)
+        return 0
+    if args.command == "docs":
+        from tpu_operator import docgen
+
+        for path in docgen.write(parser):
             print(f"wrote {path}", file=sys.stderr)
         return 0
     if args.command == "crds":

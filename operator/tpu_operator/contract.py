@@ -27,7 +27,7 @@ LABEL_WORKER_INDEX: Final = PREFIX + "worker-index"
 LABEL_RESTART_ATTEMPT: Final = PREFIX + "restart-attempt"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE: Final = "tpu-operator"
-# Kueue's queue label: copied from a TPUJob onto its TPUSlices and pods unchanged.
+# Kueue's queue label: copied from a TPUJob onto its TPUSlices unchanged (never onto pods).
 LABEL_KUEUE_QUEUE: Final = "kueue.x-k8s.io/queue-name"
 # On a worker pod whose container runs the supervisor (in-place gang restarts): its
 # readiness says whether the training process runs, and the operator commands it over the
@@ -67,7 +67,7 @@ ENV_TPU_TOPOLOGY: Final = "TPU_TOPOLOGY"
 # Ironwood (TPU7x) only: ``host:port`` of every worker of the slice, ordered by worker id,
 # and the port this worker's libtpu listens on. JAX >= 0.8.1 prefers TPU_PROCESS_ADDRESSES
 # to TPU_WORKER_HOSTNAMES (jax/_src/clusters/cloud_tpu_cluster.py); GKE, LWS and the
-# KubeRay TPU webhook set both on tpu7x pods. See docs/api.md for the sources.
+# KubeRay TPU webhook set both on tpu7x pods. See docs/reference/pod-contract.md for the sources.
 ENV_TPU_PROCESS_ADDRESSES: Final = "TPU_PROCESS_ADDRESSES"
 ENV_TPU_PROCESS_PORT: Final = "TPU_PROCESS_PORT"
 # Multislice (Megascale) wiring, set only when numSlices > 1.

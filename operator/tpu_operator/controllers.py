@@ -134,7 +134,7 @@ async def workload_changed(body: kopf.Body, namespace: str | None, memo: Any, **
 
 
 def watch_workloads() -> None:
-    """Watch Kueue's Workloads (``--kueue``; docs/kueue.md). Registered at run time so an
+    """Watch Kueue's Workloads (``--kueue``; docs/tasks/kueue.md). Registered at run time so an
     operator without Kueue never watches a resource the cluster does not serve."""
     kopf.index(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL)(tpu_workloads)
     kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL)(workload_changed)

@@ -114,7 +114,7 @@ def _columns(kind: str) -> list[dict[str, Any]]:
                 "name": "Queue",
                 "type": "string",
                 "jsonPath": ".status.queue.state",
-                "description": "Kueue: Queued, Admitted, Evicted ... (docs/kueue.md)",
+                "description": "Kueue: Queued, Admitted, Evicted ... (docs/tasks/kueue.md)",
                 "priority": 1,
             },
             {

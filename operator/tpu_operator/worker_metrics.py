@@ -4,8 +4,8 @@ The worker declares its Prometheus metrics with these names (``tpu_worker.metric
 operator's progress sampler reads them from a worker's endpoint
 (``tpu_operator.progress.samples``), the Grafana dashboards query them
 (``tpu_operator.dashboards``) and the chart's alert rules take them from a helper template
-generated from this module (``tpu-operator dashboards --write``). docs/worker.md lists
-them; renaming one changes the product's interface.
+generated from this module (``tpu-operator dashboards --write``). docs/reference/metrics.md
+lists them; renaming one changes the product's interface.
 
 Names are series names as they appear on ``/metrics`` and in PromQL: a counter's ends in
 ``_total`` (prometheus-client declares a counter ``x_total`` as family ``x`` and exports
@@ -122,6 +122,47 @@ METRICS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     DEVICE_MEMORY_PEAK_USED_BYTES: (GAUGE, (LABEL_DEVICE,)),
     BUILD_INFO: (GAUGE, BUILD_INFO_LABELS),
     CHECKPOINT_REQUESTS_TOTAL: (COUNTER, ()),
+}
+
+# What each metric means: the worker declares its metrics with these help texts, and the
+# generated metrics reference (docs/reference/metrics.md) lists them.
+HELP: Final[dict[str, str]] = {
+    STEPS_TOTAL: "Training steps completed by this process since it started.",
+    STEP: "Global training step last completed (continues across restarts from a checkpoint).",
+    STEP_DURATION_SECONDS: (
+        "Wall time of one training step (from the end of the previous step), all phases in it."
+    ),
+    EXAMPLES_TOTAL: "Training examples processed by this process.",
+    TOKENS_TOTAL: "Training tokens processed by this process.",
+    MODEL_FLOPS_TOTAL: "Model FLOPs executed by this process (its share of the global step).",
+    PEAK_FLOPS_PER_SECOND: (
+        "Peak FLOP/s of this process's local devices (TPU: bf16 catalog figure; "
+        "CPU: theoretical vector estimate)."
+    ),
+    LOSS: "Training loss of the last step.",
+    LAST_PROGRESS_TIMESTAMP_SECONDS: "Unix time of the last completed step (0 before the first).",
+    PHASE_SECONDS_TOTAL: (
+        "Wall time spent per phase, open phases counted up to the scrape; step is "
+        "productive time, the rest is badput."
+    ),
+    START_TIME_SECONDS: "Unix time this worker process started.",
+    END_TIME_SECONDS: "Unix time the training code returned (0 while it runs).",
+    WATCHDOG_THRESHOLD_SECONDS: (
+        "Stall threshold in force: max(k x median step time, floor); 0 until armed."
+    ),
+    DEVICE_MEMORY_USED_BYTES: (
+        "Device memory in use (bytes_in_use of memory_stats()), per local device."
+    ),
+    DEVICE_MEMORY_LIMIT_BYTES: (
+        "Device memory available to JAX (bytes_limit of memory_stats()), per local device."
+    ),
+    DEVICE_MEMORY_PEAK_USED_BYTES: (
+        "Peak device memory in use since start (peak_bytes_in_use), per local device."
+    ),
+    BUILD_INFO: "Constant 1; labels describe the JAX build, devices and place in the job.",
+    CHECKPOINT_REQUESTS_TOTAL: (
+        "Checkpoint requests this process received (SIGUSR1, from its supervisor)."
+    ),
 }
 
 

@@ -1,4 +1,4 @@
-"""The operator as a Kueue integration, against a real Kueue (docs/kueue.md).
+"""The operator as a Kueue integration, against a real Kueue (docs/tasks/kueue.md).
 
 Each test gets its own namespace, a ClusterQueue that admits only that namespace (quota
 in google.com/tpu chips per ResourceFlavor, one flavor per simulated TPU accelerator and

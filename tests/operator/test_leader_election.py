@@ -4,10 +4,11 @@ One replica acts, the other watches with warm caches and writes nothing. The lea
 SIGKILLed (or frozen with SIGSTOP, as when its node is cut off from the apiserver) at
 the moment a worker fails: the standby takes the Lease and restarts the gang. The time
 from the kill to the new leader acting is measured and printed (``-s`` shows it;
-docs/operations.md states the figure). A leader that stops cleanly releases the Lease,
-and a frozen leader that wakes up after losing it exits without acting.
+docs/operations/high-availability.md states the figure). A leader that stops cleanly
+releases the Lease, and a frozen leader that wakes up after losing it exits without
+acting.
 
-The default lease settings throughout (15 s lease, 10 s renew deadline, 2 s retry).
+The default lease settings throughout (12 s lease, 8 s renew deadline, 2 s retry).
 The package's own operator runs without leader election and would act too: it is
 stopped here, and ``running_operator`` starts it again for the tests after these.
 """

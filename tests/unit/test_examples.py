@@ -40,7 +40,7 @@ def kueue_objects() -> dict[str, dict[str, dict[str, Any]]]:
 def test_every_queue_name_in_the_examples_and_docs_is_an_example_local_queue():
     local_queues = set(kueue_objects()["LocalQueue"])
     written = {}
-    for path in [*EXAMPLES.rglob("*.yaml"), REPO / "README.md", *(REPO / "docs").glob("*.md")]:
+    for path in [*EXAMPLES.rglob("*.yaml"), REPO / "README.md", *(REPO / "docs").rglob("*.md")]:
         for name in QUEUE_LABEL.findall(path.read_text()):
             written.setdefault(name, []).append(str(path.relative_to(REPO)))
     assert written, "no example names a queue"

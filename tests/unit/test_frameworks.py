@@ -2,7 +2,7 @@
 
 Every manifest in examples/ is read with the API models, and the worker pods the operator
 would create for it are built with the real pod builder; the tests then check that the
-variables TensorFlow's TPUStrategy, PyTorch/XLA and JAX on Ironwood read (docs/frameworks.md)
+variables TensorFlow's TPUStrategy, PyTorch/XLA and JAX on Ironwood read (docs/tasks/frameworks.md)
 are set, per worker, with the values those frameworks expect.
 """
 

@@ -101,25 +101,29 @@ def test_chart_templates_take_worker_metric_names_from_the_helper():
     assert referenced, "the alert rules no longer use any worker metric"
 
 
-def test_dashboards_and_docs_name_only_defined_metrics():
-    files = [
-        *sorted((CHART / "dashboards").glob("*.json")),
-        DOCS / "worker.md",
-        DOCS / "goodput.md",
-    ]
-    for path in files:
+def test_dashboards_name_only_defined_metrics():
+    # The docs' metric names are checked by tests/unit/test_docs.py.
+    for path in sorted((CHART / "dashboards").glob("*.json")):
         unknown = _used(path.read_text()) - SERIES
         assert not unknown, f"{path.name} names undefined worker metrics: {sorted(unknown)}"
 
 
-def test_docs_list_every_worker_metric():
-    text = (DOCS / "worker.md").read_text()
+def test_the_metrics_reference_lists_every_worker_metric():
+    text = (DOCS / "reference" / "metrics.md").read_text()
     for name, (kind, labels) in wm.METRICS.items():
         row = next((line for line in text.splitlines() if line.startswith(f"| `{name}`")), None)
-        assert row is not None, f"docs/worker.md does not list {name}"
-        assert f"| {kind}" in row, f"docs/worker.md: {name} is a {kind}"
+        assert row is not None, f"docs/reference/metrics.md does not list {name}"
+        assert f"| {kind}" in row, f"docs/reference/metrics.md: {name} is a {kind}"
         for label in labels:
-            assert f"`{label}`" in row, f"docs/worker.md: {name} has label {label}"
+            assert f"`{label}`" in row, f"docs/reference/metrics.md: {name} has label {label}"
+
+
+def test_the_worker_exports_the_defined_help_texts(worker_metrics):
+    helps = {family.name: family.documentation for family in worker_metrics.registry.collect()}
+    for name, (kind, _) in wm.METRICS.items():
+        family = name.removesuffix("_total") if kind == wm.COUNTER else name
+        assert helps[family] == wm.HELP[name], name
+    assert set(wm.HELP) == set(wm.METRICS)
 
 
 def test_the_pod_monitor_attaches_the_target_labels():

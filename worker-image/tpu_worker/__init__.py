@@ -9,7 +9,7 @@ Training code run by the launcher reports through ``reporter()``::
         batch = next(batches)
     report.record_step(step, loss=loss, examples=n, tokens=t, flops=f)
 
-See docs/worker.md for the launcher, the metrics and the settings.
+See docs/concepts/worker.md for the launcher, the metrics and the settings.
 """
 
 from tpu_worker.reporting import Reporter, reporter

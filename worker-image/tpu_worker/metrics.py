@@ -2,7 +2,8 @@
 
 The operator samples these for progress and stall detection and the dashboards and alert
 rules query them, so names and labels are part of the product's interface: they are
-defined once, in ``tpu_operator.worker_metrics``, and listed in docs/worker.md.
+defined once, with their help texts, in ``tpu_operator.worker_metrics``, and listed in
+docs/reference/metrics.md.
 Labels are bounded: ``phase`` takes the built-in phases plus at most
 ``MAX_CUSTOM_PHASES`` validated custom names, ``device`` is a local device index.
 """
@@ -70,20 +71,13 @@ class _DeviceMemoryCollector(Collector):
         self._read = read
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        used = GaugeMetricFamily(
-            wm.DEVICE_MEMORY_USED_BYTES,
-            "Device memory in use (bytes_in_use of memory_stats()), per local device.",
-            labels=[wm.LABEL_DEVICE],
-        )
-        limit = GaugeMetricFamily(
-            wm.DEVICE_MEMORY_LIMIT_BYTES,
-            "Device memory available to JAX (bytes_limit of memory_stats()), per local device.",
-            labels=[wm.LABEL_DEVICE],
-        )
-        peak = GaugeMetricFamily(
-            wm.DEVICE_MEMORY_PEAK_USED_BYTES,
-            "Peak device memory in use since start (peak_bytes_in_use), per local device.",
-            labels=[wm.LABEL_DEVICE],
+        used, limit, peak = (
+            GaugeMetricFamily(name, wm.HELP[name], labels=[wm.LABEL_DEVICE])
+            for name in (
+                wm.DEVICE_MEMORY_USED_BYTES,
+                wm.DEVICE_MEMORY_LIMIT_BYTES,
+                wm.DEVICE_MEMORY_PEAK_USED_BYTES,
+            )
         )
         for stat in self._read():
             label = [str(stat.device)]
@@ -161,10 +155,7 @@ class PhaseSeconds(Collector):
     @staticmethod
     def _family() -> CounterMetricFamily:
         return CounterMetricFamily(
-            wm.PHASE_SECONDS_TOTAL,
-            "Wall time spent per phase, open phases counted up to the scrape; step is "
-            "productive time, the rest is badput.",
-            labels=[wm.LABEL_PHASE],
+            wm.PHASE_SECONDS_TOTAL, wm.HELP[wm.PHASE_SECONDS_TOTAL], labels=[wm.LABEL_PHASE]
         )
 
 
@@ -190,71 +181,40 @@ class WorkerMetrics:
         r = self.registry
         # Counter names end in _total; prometheus-client names the family without it and
         # exports the sample with it.
-        self.steps = Counter(
-            wm.STEPS_TOTAL,
-            "Training steps completed by this process since it started.",
-            registry=r,
-        )
-        self.step = Gauge(
-            wm.STEP,
-            "Global training step last completed (continues across restarts from a checkpoint).",
-            registry=r,
-        )
+        help_ = wm.HELP
+        self.steps = Counter(wm.STEPS_TOTAL, help_[wm.STEPS_TOTAL], registry=r)
+        self.step = Gauge(wm.STEP, help_[wm.STEP], registry=r)
         self.step_duration = Histogram(
             wm.STEP_DURATION_SECONDS,
-            "Wall time of one training step (from the end of the previous step), all phases in it.",
+            help_[wm.STEP_DURATION_SECONDS],
             buckets=STEP_BUCKETS,
             registry=r,
         )
-        self.examples = Counter(
-            wm.EXAMPLES_TOTAL, "Training examples processed by this process.", registry=r
-        )
-        self.tokens = Counter(
-            wm.TOKENS_TOTAL, "Training tokens processed by this process.", registry=r
-        )
-        self.model_flops = Counter(
-            wm.MODEL_FLOPS_TOTAL,
-            "Model FLOPs executed by this process (its share of the global step).",
-            registry=r,
-        )
+        self.examples = Counter(wm.EXAMPLES_TOTAL, help_[wm.EXAMPLES_TOTAL], registry=r)
+        self.tokens = Counter(wm.TOKENS_TOTAL, help_[wm.TOKENS_TOTAL], registry=r)
+        self.model_flops = Counter(wm.MODEL_FLOPS_TOTAL, help_[wm.MODEL_FLOPS_TOTAL], registry=r)
         self.peak_flops = Gauge(
-            wm.PEAK_FLOPS_PER_SECOND,
-            "Peak FLOP/s of this process's local devices (TPU: bf16 catalog figure; "
-            "CPU: theoretical vector estimate).",
-            registry=r,
+            wm.PEAK_FLOPS_PER_SECOND, help_[wm.PEAK_FLOPS_PER_SECOND], registry=r
         )
-        self.loss = Gauge(wm.LOSS, "Training loss of the last step.", registry=r)
+        self.loss = Gauge(wm.LOSS, help_[wm.LOSS], registry=r)
         self.last_progress = Gauge(
             wm.LAST_PROGRESS_TIMESTAMP_SECONDS,
-            "Unix time of the last completed step (0 before the first).",
+            help_[wm.LAST_PROGRESS_TIMESTAMP_SECONDS],
             registry=r,
         )
         # Every built-in phase is exported from the start (zeros) so that rate() sees it.
         self.phase_seconds = PhaseSeconds(BUILTIN_PHASES)
         r.register(self.phase_seconds)
-        self.start_time = Gauge(
-            wm.START_TIME_SECONDS, "Unix time this worker process started.", registry=r
-        )
-        self.end_time = Gauge(
-            wm.END_TIME_SECONDS,
-            "Unix time the training code returned (0 while it runs).",
-            registry=r,
-        )
+        self.start_time = Gauge(wm.START_TIME_SECONDS, help_[wm.START_TIME_SECONDS], registry=r)
+        self.end_time = Gauge(wm.END_TIME_SECONDS, help_[wm.END_TIME_SECONDS], registry=r)
         self.watchdog_threshold = Gauge(
-            wm.WATCHDOG_THRESHOLD_SECONDS,
-            "Stall threshold in force: max(k x median step time, floor); 0 until armed.",
-            registry=r,
+            wm.WATCHDOG_THRESHOLD_SECONDS, help_[wm.WATCHDOG_THRESHOLD_SECONDS], registry=r
         )
         self.build_info = Gauge(
-            wm.BUILD_INFO,
-            "Constant 1; labels describe the JAX build, devices and place in the job.",
-            wm.BUILD_INFO_LABELS,
-            registry=r,
+            wm.BUILD_INFO, help_[wm.BUILD_INFO], wm.BUILD_INFO_LABELS, registry=r
         )
         self.checkpoint_requests = Counter(
-            wm.CHECKPOINT_REQUESTS_TOTAL,
-            "Checkpoint requests this process received (SIGUSR1, from its supervisor).",
-            registry=r,
+            wm.CHECKPOINT_REQUESTS_TOTAL, help_[wm.CHECKPOINT_REQUESTS_TOTAL], registry=r
         )
         self._custom_phases: set[str] = set()
 

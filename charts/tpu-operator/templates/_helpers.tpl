@@ -68,7 +68,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
   resources: [events]
   verbs: [create, patch]
 {{- if .Values.kueue.enabled }}
-# Kueue integration (docs/kueue.md): one Workload per queued TPUJob; patch deactivates
+# Kueue integration (docs/tasks/kueue.md): one Workload per queued TPUJob; patch deactivates
 # and reactivates it around a suspend (spec.active).
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]

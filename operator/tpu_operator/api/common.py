@@ -78,7 +78,9 @@ class Failure(ApiModel):
 
     attempt: int
     reason: str
-    """Failed (non-zero exit), PodDeleted, Disruption, NodeLost, Stalled, DeadlineExceeded ..."""
+    """What ended the attempt: Failed (non-zero exit), Evicted, NodeLost, PodDeleted,
+    Stalled, SupervisorUnreachable or InPlaceRestartTimeout; a slice's own failure can also
+    be InvalidPodTemplate."""
     message: str = ""
     pod: str | None = None
     node: str | None = None

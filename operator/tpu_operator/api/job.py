@@ -95,7 +95,7 @@ class SliceSummary(ApiModel):
 
 
 class QueueStatus(ApiModel):
-    """Kueue's view of a job labelled kueue.x-k8s.io/queue-name (docs/kueue.md)."""
+    """Kueue's view of a job labelled kueue.x-k8s.io/queue-name (docs/tasks/kueue.md)."""
 
     workload: str = ""
     """The job's Workload (kueue.x-k8s.io/v1beta2), in the job's namespace."""

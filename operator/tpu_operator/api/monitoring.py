@@ -81,7 +81,7 @@ class Progress(ApiModel):
 
 
 class Goodput(ApiModel):
-    """Where the job's wall time went (seconds since creation); see docs/goodput.md."""
+    """Where the job's wall time went (seconds since creation); see docs/concepts/goodput.md."""
 
     fraction: float = 0.0
     """Productive step time / wall time."""

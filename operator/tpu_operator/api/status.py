@@ -17,12 +17,20 @@ class Phase(StrEnum):
     """Lifecycle phase of a TPUJob or TPUSlice."""
 
     PENDING = "Pending"
+    """Waiting for node pools, or creating the attempt's slices and pods."""
     STARTING = "Starting"
+    """The attempt's pods exist; not every worker runs yet."""
     RUNNING = "Running"
+    """Every worker of the attempt has run; the phase holds until the attempt ends."""
     RESTARTING = "Restarting"
+    """An attempt ended: the old pods or processes stop and the restart backoff runs before the
+    next attempt."""
     SUCCEEDED = "Succeeded"
+    """Terminal: the job succeeded under its successPolicy."""
     FAILED = "Failed"
+    """Terminal: the job failed; the Failed condition says why."""
     SUSPENDED = "Suspended"
+    """spec.suspend is true: no pods run; node pools are held until the old pods are gone."""
     QUEUED = "Queued"
     """Kueue-managed (kueue.x-k8s.io/queue-name): waiting for Kueue to admit the job, or
     evicted by Kueue and waiting to be admitted again. No pods, like Suspended."""
@@ -35,14 +43,25 @@ class ConditionType(StrEnum):
     """Condition types (standard Kubernetes conditions in ``status.conditions``)."""
 
     RUNNING = "Running"
+    """True while every worker of the attempt runs; the reason is the phase."""
     RESTARTING = "Restarting"
+    """True between an attempt's end and the next attempt's start."""
     SUSPENDED = "Suspended"
+    """True while spec.suspend is (TPUSlice: the slice is suspended)."""
     SUCCEEDED = "Succeeded"
+    """True once the job succeeded."""
     FAILED = "Failed"
+    """True once the job failed; the reason says why (MaxRestartsExceeded, FatalExitCode, ...)."""
     INVALID = "Invalid"
+    """True when the spec or template cannot be read; the message names each field."""
     PODS_SCHEDULED = "PodsScheduled"
+    """False while the job waits for capacity, with the reason (WaitingForNodePools,
+    Unschedulable, PodsForbidden, ...); True once every pod is placed."""
     STALLED = "Stalled"
+    """True when no training step came for monitoring.stallTimeout; False (Progressing) while
+    steps advance."""
     STRAGGLER = "Straggler"
+    """True while a worker is much slower than its slice (named in the message)."""
     READY = "Ready"
     """TPUSlice: every worker of the current attempt is running."""
     PODS_STOPPED = "PodsStopped"
@@ -82,34 +101,62 @@ class Reason(StrEnum):
     failurePolicy.inPlaceTimeoutSeconds (the next attempt recreates the pods)."""
     # Why a job or slice failed for good (the Failed condition's reason).
     MAX_RESTARTS_EXCEEDED = "MaxRestartsExceeded"
+    """A counted restart beyond failurePolicy.maxRestarts."""
     FATAL_EXIT_CODE = "FatalExitCode"
+    """A worker's exit code matched a failurePolicy rule with action FailJob."""
     WORKER_CONFIG_ERROR = "WorkerConfigError"
+    """A worker exited 78: its settings or the pod env are invalid, which no restart fixes."""
     INVALID_POD_TEMPLATE = "InvalidPodTemplate"
+    """The apiserver rejected a worker pod built from the template, or the template cannot be
+    read."""
     DEADLINE_EXCEEDED = "DeadlineExceeded"
+    """The job was active longer than spec.activeDeadlineSeconds."""
     WAITING_TIMEOUT = "WaitingTimeout"
     """The job waited for capacity longer than spec.waitingTimeoutSeconds."""
     INVALID_SPEC = "InvalidSpec"
+    """The spec cannot be read, or the apiserver rejected a TPUSlice as invalid."""
     # Lifecycle, placement and progress (conditions and events).
     SUSPENDED = "Suspended"
+    """spec.suspend is true: the pods are being deleted."""
     RESUMED = "Resumed"
+    """A suspended or evicted job resumed as a new attempt."""
     NOT_SUSPENDED = "NotSuspended"
+    """The job was never suspended."""
     ACTIVE = "Active"
+    """A TPUSlice that is not suspended."""
     NODE_POOLS_ASSIGNED = "NodePoolsAssigned"
+    """The node pools each slice got (or GKE created for it)."""
     WAITING_FOR_NODE_POOLS = "WaitingForNodePools"
+    """No free node pool fits every multi-host slice, or GKE has not yet created the pools the
+    slices asked for."""
     NODE_POOL_GONE = "NodePoolGone"
+    """A recorded node pool has no nodes left (deleted, or scaled to zero)."""
     UNSCHEDULABLE = "Unschedulable"
+    """The scheduler cannot place the attempt's pods (its message is in the condition)."""
     SCHEDULED = "Scheduled"
+    """Every pod of the attempt is placed."""
     RESTARTING = "Restarting"
+    """An attempt ended and the gang restarts."""
     RUNNING = "Running"
+    """Every worker of the attempt runs."""
     SUCCEEDED = "Succeeded"
+    """The job succeeded."""
     FAILED = "Failed"
+    """The job failed (the Failed condition's reason says why)."""
     INVALID = "Invalid"
+    """The spec or template cannot be read."""
     PROGRESSING = "Progressing"
+    """Training steps advance (the Stalled condition is False)."""
     STRAGGLER = "Straggler"
+    """A worker is much slower than the others of its slice."""
     NO_STRAGGLER = "NoStraggler"
+    """No worker stands out."""
     PODS_STOPPING = "PodsStopping"
+    """A suspended or finished object still has pods stopping."""
     ALL_PODS_STOPPED = "AllPodsStopped"
+    """No pod of the object is left: its node pools and chips are free."""
     SERVICE_CONFLICT = "ServiceConflict"
+    """The job's headless Service name is taken by another object."""
     PODS_FORBIDDEN = "PodsForbidden"
     """The apiserver refuses the worker pods: an admission plugin or policy (a missing
     ServiceAccount or PriorityClass, a quota, Pod Security, a ValidatingAdmissionPolicy or
@@ -125,18 +172,23 @@ class Reason(StrEnum):
     POD_CREATION_FAILED = "PodCreationFailed"
     """Creating the worker pods failed for another reason the apiserver gave (an
     unavailable admission webhook, throttling); retried like PodsForbidden."""
-    # Kueue (docs/kueue.md); Kueue's own reasons are used as they are for the conditions.
+    # Kueue (docs/tasks/kueue.md); Kueue's own reasons are used as they are for the
+    # conditions.
     QUEUED = "Queued"
+    """Kueue has not admitted the job's Workload (Kueue's own reason is in the Queued
+    condition)."""
     ADMITTED = "Admitted"
+    """Kueue admitted the job's Workload."""
     WORKLOAD_EVICTED = "WorkloadEvicted"
     """Kueue evicted the job's Workload (preemption, ...): its pods are stopped."""
     WORKLOAD_CREATED = "WorkloadCreated"
+    """The operator created the job's Kueue Workload."""
     ADMISSION_CONFLICT = "AdmissionConflict"
     """Kueue admitted the job on terms its pods cannot take: a ResourceFlavor's node label
     or an admission check's podSetUpdate sets a node selector (label, annotation) key to
     another value than the job's own or another update's. The job fails (as Kueue's own
     jobs fail to start) and its Workload is marked Finished, which frees the quota."""
-    # In-place restarts (docs/api.md, "Restarts").
+    # In-place restarts (docs/concepts/attempts-and-restarts.md).
     CHECKPOINT_REQUESTED = "CheckpointRequested"
     """GKE announced maintenance or termination of a node of a running job: its workers
     were asked to checkpoint now (once per notice)."""

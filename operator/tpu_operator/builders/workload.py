@@ -4,7 +4,7 @@ A TPUJob labelled ``kueue.x-k8s.io/queue-name`` is an external Kueue framework
 (``integrations.externalFrameworks: [TPUJob.v1alpha1.tpu-operator.dev]``): the operator
 creates one Workload per job (``kueue.x-k8s.io/v1beta2``), owned by it, and runs the job
 only while Kueue admits it. This module builds that Workload and reads Kueue's verdict
-from its status; the I/O is in ``reconcile/queueing.py``. docs/kueue.md has the contract.
+from its status; the I/O is in ``reconcile/queueing.py``. docs/tasks/kueue.md has the contract.
 
 The Workload has one podSet, ``workers``, for every worker of every slice: ``count`` =
 slices x hosts per slice, the worker's chips (``google.com/tpu``) as requests, the node

@@ -1,5 +1,6 @@
 """GKE's notices of maintenance or termination of the nodes of a running attempt: each new
-one asks the job's workers to checkpoint now, once (docs/api.md), as soon as they train."""
+one asks the job's workers to checkpoint now, once (docs/tasks/restarts.md), as soon as
+they train."""
 
 from __future__ import annotations
 

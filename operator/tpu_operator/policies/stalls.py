@@ -4,7 +4,7 @@ A job whose step has not advanced for ``monitoring.stallTimeout`` (less the comp
 checkpoint time its leader reports) is stalled: condition ``Stalled``, a Warning event,
 and with ``stallAction: Restart`` a failure of the attempt (``verdict``). A worker whose
 data wait or step time per step stands out from its slice's is a straggler: condition
-``Straggler`` and an event, no restart (docs/goodput.md)."""
+``Straggler`` and an event, no restart (docs/concepts/goodput.md)."""
 
 from __future__ import annotations
 

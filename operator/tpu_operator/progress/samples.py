@@ -1,7 +1,7 @@
 """One reading of a worker's metrics endpoint, parsed into the figures the operator uses.
 
 Only the ``tpu_worker_`` series the operator needs are kept (names from
-``tpu_operator.worker_metrics``; docs/worker.md describes them). Parsing uses
+``tpu_operator.worker_metrics``; docs/reference/metrics.md lists them). Parsing uses
 prometheus-client's text parser.
 """
 

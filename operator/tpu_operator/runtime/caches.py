@@ -149,7 +149,7 @@ class Caches:
         self.nodes_version = next(VERSIONS)
         """Changes with every node event (``nodes_changed``)."""
 
-    # Kueue Workloads (docs/kueue.md)
+    # Kueue Workloads (docs/tasks/kueue.md)
     def attach_workloads(self, index: Index) -> None:
         """Serve Kueue Workloads from ``index`` (the operator runs with ``--kueue``)."""
         self._workloads = index

@@ -142,7 +142,7 @@ class OperatorMetrics:
         )
         self.restarts = Counter(
             "tpu_operator_restarts_total",
-            "Gang restarts by reason (Failed, Evicted, NodeLost, PodDeleted, Stalled)",
+            "Gang restarts by kind (TPUJob, TPUSlice) and reason (what ended the attempt)",
             ["kind", "reason"],
             registry=r,
         )
