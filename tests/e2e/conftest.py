@@ -1,7 +1,13 @@
 """The end-to-end tier: the chart installed with helm, the operator running in the
-cluster as the chart's ServiceAccount, workers training, a real Prometheus scraping (the
-operator's metrics through their authorization, with the token of a ServiceAccount
-``monitoring/prometheus`` the chart binds to its metrics reader role).
+cluster as the chart's ServiceAccount from its image, workers training, a real Prometheus
+scraping (the operator's metrics through their authorization, with the token of a
+ServiceAccount ``monitoring/prometheus`` the chart binds to its metrics reader role).
+
+The operator container runs the operator image built from ./Dockerfile
+(localcluster.images): the chart's ``command`` is podman running the image's filesystem
+with runc on the host's network (a local cluster's pod is a process group of this machine,
+its pod IP one of the machine's addresses), with the pod's volumes, its ServiceAccount
+token and its env passed into the container.
 
 Session order matters: the e2e tests share one release and one Prometheus (module
 fixtures in test_product.py); the integration tests' own operator process is stopped
@@ -11,6 +17,7 @@ before this package starts (it is package-scoped there).
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,17 +106,63 @@ def install_monitoring_crds(cluster) -> None:
         )
 
 
-@pytest.fixture(scope="session")
-def operator_venv() -> Path:
-    """The operator installed exactly as the image installs it (localcluster.images)."""
-    return images.operator_venv()
+# Where admission mounts a pod's ServiceAccount token (the kube-api-access volume).
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# Env the local node agent gives every container for in-cluster clients.
+IN_CLUSTER_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
 
 
 @pytest.fixture(scope="session")
-def release_values(operator_venv: Path) -> dict[str, Any]:
+def operator_image() -> images.ImageConfig:
+    """The operator image built from ./Dockerfile (cached by its inputs)."""
+    return images.ensure(images.OPERATOR)
+
+
+@pytest.fixture(scope="session")
+def operator_command(helm: ReleaseHelm, cluster, operator_image) -> Iterator[list[str]]:
+    """The operator container's command: podman running the operator image as a kubelet
+    would run the chart's container: its volume mounts, the ServiceAccount token, the env
+    the chart sets and in-cluster client env, the image's user and entry point (the chart
+    appends the arguments)."""
+    deployment = next(d for d in helm.template({}) if d["kind"] == "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    binds = [
+        images.Bind(m["mountPath"], m["mountPath"], bool(m.get("readOnly")))
+        for m in container.get("volumeMounts", [])
+    ]
+    binds.append(images.Bind(SERVICE_ACCOUNT_DIR, SERVICE_ACCOUNT_DIR, read_only=True))
+    label = {"dev.tpu-operator.cluster": str(cluster.directory)}
+    yield [
+        *images.podman_command(),
+        *images.run_arguments(
+            operator_image,
+            [],
+            binds=binds,
+            env_from_host=[*(e["name"] for e in container["env"]), *IN_CLUSTER_ENV],
+            # The agent expands $(POD_NAME): one container per pod, replaced if a
+            # restarted container finds its predecessor's.
+            name="tpu-operator-$(POD_NAME)",
+            labels=label,
+        ),
+    ]
+    # A pod killed before its podman could stop the container (SIGKILL after the grace
+    # period) leaves it running: remove those of this cluster.
+    listed = images.podman(
+        "ps",
+        "--all",
+        "--quiet",
+        f"--filter=label=dev.tpu-operator.cluster={cluster.directory}",
+        check=False,
+    )
+    for container_id in listed.stdout.split():
+        subprocess.run([*images.podman_command(), "rm", "--force", container_id], check=False)
+
+
+@pytest.fixture(scope="session")
+def release_values(operator_command: list[str]) -> dict[str, Any]:
     """Values for the e2e release: every optional part on, short alert durations."""
     return {
-        "command": [str(operator_venv / "bin" / "tpu-operator")],
+        "command": operator_command,
         "operator": {
             "metricsPort": free_port(),
             "healthPort": free_port(),
