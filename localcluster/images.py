@@ -14,8 +14,10 @@
   would make of the whole image) and the image's own user, environment, working directory
   and entry point.
 
-``operator_venv`` is the older path the demo and the benchmarks still take: a virtualenv
-installed by the same script and lock file as the operator image.
+``pod_run_arguments`` makes that the command of a pod's container, so the local cluster's
+node agent (which runs commands, not images) runs the image: the e2e tier and the demo run
+the operator that way. ``operator_venv`` is the benchmarks' path (the operator as a process
+of their own): a virtualenv installed by the same script and lock file as the image.
 """
 
 from __future__ import annotations
@@ -325,6 +327,45 @@ def run_arguments(
     return argv
 
 
+# Where admission mounts a pod's ServiceAccount token (the kube-api-access volume).
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# Env the local node agent gives every container for in-cluster clients.
+IN_CLUSTER_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
+# Label of the containers a local cluster's pods started (value: the cluster's directory).
+LABEL_CLUSTER = "dev.tpu-operator.cluster"
+
+
+def pod_run_arguments(
+    image: ImageConfig, container: Mapping[str, Any], cluster_dir: Path
+) -> list[str]:
+    """``podman run`` arguments that run ``image`` for one container of a pod template.
+
+    The local node agent runs a container's command as a process on this machine, in the
+    pod's mount namespace (its volumes and ServiceAccount token mounted at their paths)
+    with the pod's env. Made that command, these arguments run the image the way a kubelet
+    would: the container's volume mounts and the token passed into it, the container's
+    env (by name: the agent resolves the values) and the in-cluster client env, the
+    image's user and entry point; the pod template's ``args`` follow. ``$(POD_NAME)``, which
+    the agent expands when the container declares it, names the container.
+    """
+    binds = [
+        Bind(m["mountPath"], m["mountPath"], bool(m.get("readOnly")))
+        for m in container.get("volumeMounts") or ()
+    ]
+    binds.append(Bind(SERVICE_ACCOUNT_DIR, SERVICE_ACCOUNT_DIR, read_only=True))
+    env_names = [e["name"] for e in container.get("env") or ()]
+    name = f"{container['name']}-$(POD_NAME)" if "POD_NAME" in env_names else None
+    return run_arguments(
+        image,
+        [],
+        binds=binds,
+        env_from_host=[*env_names, *IN_CLUSTER_ENV],
+        # One container per pod, replaced if a restarted container finds its predecessor.
+        name=name,
+        labels={LABEL_CLUSTER: str(cluster_dir)},
+    )
+
+
 # --- the container store and its tools ----------------------------------------------------
 
 
@@ -575,6 +616,21 @@ def _prune(spec: ImageSpec) -> None:
     images = sorted(json.loads(result.stdout), key=lambda i: i.get("Created", 0), reverse=True)
     for old in images[KEEP_IMAGES:]:
         podman("rmi", "--force", old["Id"], check=False)
+
+
+def remove_cluster_containers(cluster_dir: Path) -> list[str]:
+    """Remove the containers a local cluster's pods left (``pod_run_arguments``).
+
+    A pod's container stops with its podman on SIGTERM; one whose podman was killed
+    (SIGKILL after the grace period, a crashed agent) runs on. Their IDs are returned.
+    """
+    listed = podman(
+        "ps", "--all", "--quiet", f"--filter=label={LABEL_CLUSTER}={cluster_dir}", check=False
+    )
+    removed = listed.stdout.split()
+    if removed:
+        podman("rm", "--force", *removed, check=False)
+    return removed
 
 
 def report(config: ImageConfig) -> str:

@@ -17,7 +17,6 @@ before this package starts (it is package-scoped there).
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,12 +105,6 @@ def install_monitoring_crds(cluster) -> None:
         )
 
 
-# Where admission mounts a pod's ServiceAccount token (the kube-api-access volume).
-SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-# Env the local node agent gives every container for in-cluster clients.
-IN_CLUSTER_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
-
-
 @pytest.fixture(scope="session")
 def operator_image() -> images.ImageConfig:
     """The operator image built from ./Dockerfile (cached by its inputs)."""
@@ -121,41 +114,14 @@ def operator_image() -> images.ImageConfig:
 @pytest.fixture(scope="session")
 def operator_command(helm: ReleaseHelm, cluster, operator_image) -> Iterator[list[str]]:
     """The operator container's command: podman running the operator image as a kubelet
-    would run the chart's container: its volume mounts, the ServiceAccount token, the env
-    the chart sets and in-cluster client env, the image's user and entry point (the chart
-    appends the arguments)."""
+    would run the chart's container (localcluster.images.pod_run_arguments)."""
     deployment = next(d for d in helm.template({}) if d["kind"] == "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    binds = [
-        images.Bind(m["mountPath"], m["mountPath"], bool(m.get("readOnly")))
-        for m in container.get("volumeMounts", [])
-    ]
-    binds.append(images.Bind(SERVICE_ACCOUNT_DIR, SERVICE_ACCOUNT_DIR, read_only=True))
-    label = {"dev.tpu-operator.cluster": str(cluster.directory)}
     yield [
         *images.podman_command(),
-        *images.run_arguments(
-            operator_image,
-            [],
-            binds=binds,
-            env_from_host=[*(e["name"] for e in container["env"]), *IN_CLUSTER_ENV],
-            # The agent expands $(POD_NAME): one container per pod, replaced if a
-            # restarted container finds its predecessor's.
-            name="tpu-operator-$(POD_NAME)",
-            labels=label,
-        ),
+        *images.pod_run_arguments(operator_image, container, cluster.directory),
     ]
-    # A pod killed before its podman could stop the container (SIGKILL after the grace
-    # period) leaves it running: remove those of this cluster.
-    listed = images.podman(
-        "ps",
-        "--all",
-        "--quiet",
-        f"--filter=label=dev.tpu-operator.cluster={cluster.directory}",
-        check=False,
-    )
-    for container_id in listed.stdout.split():
-        subprocess.run([*images.podman_command(), "rm", "--force", container_id], check=False)
+    images.remove_cluster_containers(cluster.directory)
 
 
 @pytest.fixture(scope="session")

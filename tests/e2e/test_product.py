@@ -200,10 +200,10 @@ def test_the_operator_runs_from_its_image_as_its_non_root_user(cluster, release,
     # Each operator pod's container is podman running the operator image's filesystem
     # (tests/e2e/conftest.py, docs/images.md), its process the image's user.
     pods = {p["metadata"]["name"] for p in operator_pods(cluster)}
-    label = f"dev.tpu-operator.cluster={cluster.directory}"
+    label = f"{images.LABEL_CLUSTER}={cluster.directory}"
     listed = json.loads(images.podman("ps", "--format=json", f"--filter=label={label}").stdout)
     containers = {c["Names"][0]: c["Id"] for c in listed}
-    assert set(containers) == {f"tpu-operator-{pod}" for pod in pods}
+    assert set(containers) == {f"operator-{pod}" for pod in pods}
     for container_id in containers.values():
         (inspected,) = json.loads(images.podman("container", "inspect", container_id).stdout)
         assert inspected["Rootfs"] == str(operator_image.rootfs)

@@ -149,3 +149,28 @@ def test_run_arguments_start_the_image_as_a_runtime_would():
     # The image's root, its entry point, then the arguments in place of its command.
     assert argv[-4:] == ["--rootfs", "/layer", "tpu-operator", "version"]
     assert images.run_arguments(config)[-2:] == ["tpu-operator", "run"]
+
+
+def test_pod_run_arguments_pass_the_pod_s_mounts_token_and_env_into_the_container():
+    config = images.ImageConfig.from_inspect("localhost/x:1", INSPECT, Path("/layer"))
+    container = {
+        "name": "operator",
+        "env": [{"name": "POD_NAME"}, {"name": "POD_IP"}],
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "key", "mountPath": "/etc/tpu-operator/control", "readOnly": True},
+        ],
+    }
+    argv = images.pod_run_arguments(config, container, Path("/c/cluster"))
+    assert "--volume=/tmp:/tmp:rw" in argv
+    assert "--volume=/etc/tpu-operator/control:/etc/tpu-operator/control:ro" in argv
+    token = images.SERVICE_ACCOUNT_DIR
+    assert f"--volume={token}:{token}:ro" in argv
+    for name in ("POD_NAME", "POD_IP", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        assert f"--env={name}" in argv
+    assert "--name=operator-$(POD_NAME)" in argv
+    assert f"--label={images.LABEL_CLUSTER}=/c/cluster" in argv
+    # The entry point without the image's command: the pod template's args follow.
+    assert argv[-3:] == ["--rootfs", "/layer", "tpu-operator"]
+    unnamed = images.pod_run_arguments(config, {"name": "w"}, Path("/c"))
+    assert not [a for a in unnamed if a.startswith("--name")]
