@@ -424,9 +424,11 @@ def ensure_tools() -> None:
     log(f"installing {', '.join(packages)} from Debian's packages")
     started = time.monotonic()
     environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    # Another apt run on the machine (a parallel setup step) may hold the lock a while.
+    wait = ["-o", "DPkg::Lock::Timeout=300"]
     for command in (
         ["apt-get", "update", "-qq"],
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+        ["apt-get", *wait, "install", "-y", "-qq", "--no-install-recommends", *packages],
     ):
         result = subprocess.run(
             command, capture_output=True, text=True, env=environment, check=False
