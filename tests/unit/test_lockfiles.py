@@ -38,7 +38,7 @@ ADVISORY_FLOORS = {
     "urllib3": "2.7.0",  # CVE-2026-44431, CVE-2026-44432
     "setuptools": "78.1.1",  # CVE-2025-47273
     "pydantic": "2.4.0",  # CVE-2024-3772
-    "cryptography": "50.0.0",  # CVE-2026-69247 (dev: the local cluster's certificates)
+    "cryptography": "50.0.0",  # CVE-2026-69247
 }
 
 PIN = re.compile(r"^([A-Za-z0-9._-]+)==(\S+)")
