@@ -112,23 +112,10 @@ def operator_image() -> images.ImageConfig:
 
 
 @pytest.fixture(scope="session")
-def operator_command(helm: ReleaseHelm, cluster, operator_image) -> Iterator[list[str]]:
-    """The operator container's command: podman running the operator image as a kubelet
-    would run the chart's container (localcluster.images.pod_run_arguments)."""
-    deployment = next(d for d in helm.template({}) if d["kind"] == "Deployment")
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    yield [
-        *images.podman_command(),
-        *images.pod_run_arguments(operator_image, container, cluster.directory),
-    ]
-    images.remove_cluster_containers(cluster.directory)
-
-
-@pytest.fixture(scope="session")
-def release_values(operator_command: list[str]) -> dict[str, Any]:
-    """Values for the e2e release: every optional part on, short alert durations."""
+def chart_values() -> dict[str, Any]:
+    """Values for the e2e release but the command: every optional part on, short alert
+    durations."""
     return {
-        "command": operator_command,
         "operator": {
             "metricsPort": free_port(),
             "healthPort": free_port(),
@@ -149,6 +136,27 @@ def release_values(operator_command: list[str]) -> dict[str, Any]:
         },
         "dashboards": {"enabled": True},
     }
+
+
+@pytest.fixture(scope="session")
+def operator_command(
+    helm: ReleaseHelm, cluster, operator_image, chart_values: dict[str, Any]
+) -> Iterator[list[str]]:
+    """The operator container's command: podman running the operator image as a kubelet
+    would run the container the chart renders (localcluster.images.pod_run_arguments)."""
+    deployment = next(d for d in helm.template(chart_values) if d["kind"] == "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    yield [
+        *images.podman_command(),
+        *images.pod_run_arguments(operator_image, container, cluster.directory),
+    ]
+    images.remove_cluster_containers(cluster.directory)
+
+
+@pytest.fixture(scope="session")
+def release_values(chart_values: dict[str, Any], operator_command: list[str]) -> dict[str, Any]:
+    """Values for the e2e release: the operator runs from its image."""
+    return {**chart_values, "command": operator_command}
 
 
 @pytest.fixture(scope="session")
