@@ -238,7 +238,8 @@ def up(timeout: float) -> int:
     cluster = Cluster.start(CLUSTER_DIR, detach=True, fresh=True)
     say(4, "operator image: built from ./Dockerfile with buildah (cached), run by podman")
     helm = Helm(cluster.kubeconfig)
-    values = chart_values([], monitors=False)
+    # The chart's default command until the image's is known.
+    values = chart_values(["tpu-operator"], monitors=False)
     command = operator_command(cluster, helm, values)
     say(
         5,
