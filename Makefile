@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: venv test unit lint fmt crds dashboards docs demo demo-down cluster-up cluster-down clean
+.PHONY: venv test unit lint fmt crds dashboards docs lock demo demo-down cluster-up cluster-down clean
 
 venv: $(STAMP)
 
@@ -50,6 +50,11 @@ dashboards: venv
 # alert rules, flags and chart values; a unit test fails when they are stale.
 docs: venv
 	$(BIN)/tpu-operator docs --write
+
+# The images' lock files (requirements/*.txt), resolved with hashes from pyproject.toml.
+# A unit test fails while one is stale (tests/unit/test_lockfiles.py).
+lock: venv
+	$(BIN)/python scripts/lock.py
 
 # The local control plane with simulated TPU pools, detached (KUBECONFIG is printed).
 cluster-up: venv

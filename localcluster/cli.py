@@ -81,6 +81,11 @@ def _build(args: argparse.Namespace) -> int:
         components = (*components, binaries.KUEUE)
     for name, path in binaries.ensure_all(components).items():
         print(f"{name}\t{path}")
+    if getattr(args, "images", False):
+        from localcluster import images
+
+        for spec in images.TESTED:
+            print(images.report(images.ensure(spec)))
     return 0
 
 
@@ -186,6 +191,11 @@ def parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="build (or find) the binaries")
     build.add_argument("--helm", action="store_true", help="helm too")
     build.add_argument("--kueue", action="store_true", help="Kueue's manager too")
+    build.add_argument(
+        "--images",
+        action="store_true",
+        help="the operator and worker images too (buildah; docs/contributing/images.md)",
+    )
     build.set_defaults(run=_build)
 
     fault = command("fault", "inject a fault (through the node agent, or to the kube-apiserver)")

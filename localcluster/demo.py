@@ -4,7 +4,8 @@
 helm binaries, installs Prometheus if needed, starts the local cluster with simulated TPU
 node pools (detached: its daemon restarts any component that exits), installs the
 operator with its Helm chart (the operator runs in the cluster as the chart's
-ServiceAccount, installed the way its image installs it), starts a real Prometheus
+ServiceAccount, from its image: built from ./Dockerfile with buildah, run by podman; see
+docs/contributing/images.md), starts a real Prometheus
 configured from the chart's monitors and alert rules, applies
 examples/local-demo.yaml (four JAX processes on two simulated v5p slices), shows live
 progress and ends with a summary and where to look. Everything keeps running until
@@ -49,9 +50,23 @@ def say(step: int, message: str) -> None:
     print(f"[demo {step}/{STEPS}] {message}", flush=True)
 
 
-def chart_values(venv: Path, *, monitors: bool) -> dict[str, Any]:
+def operator_command(cluster: Cluster, helm: Helm, values: dict[str, Any]) -> list[str]:
+    """The chart's command for the operator container: podman running the operator image
+    (localcluster.images), built from ./Dockerfile or taken from the build cache, with the
+    volume mounts and env of the container the chart renders from ``values``."""
+    image = images.ensure(images.OPERATOR)
+    rendered = helm.template(values, release=RELEASE, namespace=RELEASE_NAMESPACE)
+    deployment = next(d for d in rendered if d["kind"] == "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return [
+        *images.podman_command(),
+        *images.pod_run_arguments(image, container, cluster.directory),
+    ]
+
+
+def chart_values(command: list[str], *, monitors: bool) -> dict[str, Any]:
     return {
-        "command": [str(venv / "bin" / "tpu-operator")],
+        "command": command,
         "operator": {
             "metricsPort": free_port(),
             "healthPort": free_port(),
@@ -66,11 +81,11 @@ def chart_values(venv: Path, *, monitors: bool) -> dict[str, Any]:
     }
 
 
-def start_prometheus(cluster: Cluster, helm: Helm, venv: Path) -> Prometheus:
+def start_prometheus(cluster: Cluster, helm: Helm, command: list[str]) -> Prometheus:
     """Prometheus (and its pod discovery) detached: they outlive this command."""
     # The monitors as helm renders them on a cluster with prometheus-operator.
     rendered = helm.template(
-        chart_values(venv, monitors=True),
+        chart_values(command, monitors=True),
         release=RELEASE,
         namespace=RELEASE_NAMESPACE,
         api_versions=PROMETHEUS_OPERATOR_APIS,
@@ -132,6 +147,8 @@ def down() -> int:
         STATE.unlink()
     with contextlib.suppress(ClusterError):  # nothing running there
         Cluster.attach(CLUSTER_DIR).stop()
+    if shutil.which("podman"):
+        images.remove_cluster_containers(CLUSTER_DIR)
     print("[demo] stopped")
     return 0
 
@@ -219,17 +236,19 @@ def up(timeout: float) -> int:
     DEMO_DIR.mkdir(exist_ok=True)
     say(3, f"local cluster with simulated TPU node pools in {CLUSTER_DIR}")
     cluster = Cluster.start(CLUSTER_DIR, detach=True, fresh=True)
-    say(4, "operator image: a virtualenv installed as the Dockerfile installs the image")
-    venv = images.operator_venv()
+    say(4, "operator image: built from ./Dockerfile with buildah (cached), run by podman")
+    helm = Helm(cluster.kubeconfig)
+    # The chart's default command until the image's is known.
+    values = chart_values(["tpu-operator"], monitors=False)
+    command = operator_command(cluster, helm, values)
     say(
         5,
         f"helm install {RELEASE} (namespace {RELEASE_NAMESPACE}); the operator runs in the "
         "cluster as the chart's ServiceAccount",
     )
-    helm = Helm(cluster.kubeconfig)
-    helm.install(chart_values(venv, monitors=False), release=RELEASE, namespace=RELEASE_NAMESPACE)
+    helm.install({**values, "command": command}, release=RELEASE, namespace=RELEASE_NAMESPACE)
     say(6, "Prometheus scraping the operator and the workers through the chart's monitors")
-    prometheus = start_prometheus(cluster, helm, venv)
+    prometheus = start_prometheus(cluster, helm, command)
     say(7, f"kubectl apply -f {EXAMPLE.relative_to(REPO)}: 4 JAX processes on two v5p slices")
     if CHECKPOINTS.exists():
         print(f"[demo] removing an earlier demo's checkpoints in {CHECKPOINTS}", flush=True)

@@ -18,6 +18,9 @@ echo "[test] lint: ruff, mypy, import layers, hadolint"
 echo "[test] control plane and helm binaries (built from Go modules once, then cached)"
 "$BIN/python" -m localcluster build --helm
 
+echo "[test] operator and worker images (buildah, rebuilt when their inputs change; docs/contributing/images.md)"
+"$BIN/python" -m localcluster build --images
+
 sh scripts/ensure-prometheus.sh
 
 echo "[test] pytest: unit, integration, e2e, kueue and chaos tiers"

@@ -1,7 +1,13 @@
 """The end-to-end tier: the chart installed with helm, the operator running in the
-cluster as the chart's ServiceAccount, workers training, a real Prometheus scraping (the
-operator's metrics through their authorization, with the token of a ServiceAccount
-``monitoring/prometheus`` the chart binds to its metrics reader role).
+cluster as the chart's ServiceAccount from its image, workers training, a real Prometheus
+scraping (the operator's metrics through their authorization, with the token of a
+ServiceAccount ``monitoring/prometheus`` the chart binds to its metrics reader role).
+
+The operator container runs the operator image built from ./Dockerfile
+(localcluster.images): the chart's ``command`` is podman running the image's filesystem
+with runc on the host's network (a local cluster's pod is a process group of this machine,
+its pod IP one of the machine's addresses), with the pod's volumes, its ServiceAccount
+token and its env passed into the container.
 
 Session order matters: the e2e tests share one release and one Prometheus (module
 fixtures in test_product.py); the integration tests' own operator process is stopped
@@ -100,16 +106,16 @@ def install_monitoring_crds(cluster) -> None:
 
 
 @pytest.fixture(scope="session")
-def operator_venv() -> Path:
-    """The operator installed exactly as the image installs it (localcluster.images)."""
-    return images.operator_venv()
+def operator_image() -> images.ImageConfig:
+    """The operator image built from ./Dockerfile (cached by its inputs)."""
+    return images.ensure(images.OPERATOR)
 
 
 @pytest.fixture(scope="session")
-def release_values(operator_venv: Path) -> dict[str, Any]:
-    """Values for the e2e release: every optional part on, short alert durations."""
+def chart_values() -> dict[str, Any]:
+    """Values for the e2e release but the command: every optional part on, short alert
+    durations."""
     return {
-        "command": [str(operator_venv / "bin" / "tpu-operator")],
         "operator": {
             "metricsPort": free_port(),
             "healthPort": free_port(),
@@ -130,6 +136,27 @@ def release_values(operator_venv: Path) -> dict[str, Any]:
         },
         "dashboards": {"enabled": True},
     }
+
+
+@pytest.fixture(scope="session")
+def operator_command(
+    helm: ReleaseHelm, cluster, operator_image, chart_values: dict[str, Any]
+) -> Iterator[list[str]]:
+    """The operator container's command: podman running the operator image as a kubelet
+    would run the container the chart renders (localcluster.images.pod_run_arguments)."""
+    deployment = next(d for d in helm.template(chart_values) if d["kind"] == "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    yield [
+        *images.podman_command(),
+        *images.pod_run_arguments(operator_image, container, cluster.directory),
+    ]
+    images.remove_cluster_containers(cluster.directory)
+
+
+@pytest.fixture(scope="session")
+def release_values(chart_values: dict[str, Any], operator_command: list[str]) -> dict[str, Any]:
+    """Values for the e2e release: the operator runs from its image."""
+    return {**chart_values, "command": operator_command}
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """The product path end to end on real parts.
 
-helm chart -> operator (in the cluster, as the chart's ServiceAccount, installed the way
-its image installs it) -> TPUJob -> TPUSlices -> pods run by the node agent -> real JAX
+helm chart -> operator (in the cluster, as the chart's ServiceAccount, run from its image by
+podman) -> TPUJob -> TPUSlices -> pods run by the node agent -> real JAX
 workers rendezvous and train -> a real Prometheus scrapes operator and workers through
 the chart's monitors -> every dashboard query and alert returns what it claims.
 """
@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from localcluster import images
 from localcluster.helm import CHART, values_file
 from localcluster.pools import Pool
 from localcluster.prometheus import Prometheus
@@ -193,6 +194,22 @@ def test_the_operator_runs_in_the_cluster_as_its_service_account(cluster, releas
     # One of them leads (it holds the Lease, which its RBAC lets it renew).
     leader = wait_until(lambda: lease_holder(cluster), timeout=60, message="a Lease holder")
     assert leader in {p["metadata"]["name"] for p in pods}
+
+
+def test_the_operator_runs_from_its_image_as_its_non_root_user(cluster, release, operator_image):
+    # Each operator pod's container is podman running the operator image's filesystem
+    # (tests/e2e/conftest.py, docs/contributing/images.md), its process the image's user.
+    pods = {p["metadata"]["name"] for p in operator_pods(cluster)}
+    label = f"{images.LABEL_CLUSTER}={cluster.directory}"
+    listed = json.loads(images.podman("ps", "--format=json", f"--filter=label={label}").stdout)
+    containers = {c["Names"][0]: c["Id"] for c in listed}
+    assert set(containers) == {f"operator-{pod}" for pod in pods}
+    for container_id in containers.values():
+        (inspected,) = json.loads(images.podman("container", "inspect", container_id).stdout)
+        assert inspected["Rootfs"] == str(operator_image.rootfs)
+        status = Path(f"/proc/{inspected['State']['Pid']}/status").read_text()
+        uids = re.search(r"^Uid:\s+(.*)$", status, re.M)
+        assert uids and set(uids.group(1).split()) == {"65532"}, status
 
 
 CAN = [
