@@ -4,8 +4,8 @@ TPUJob's gang restarts (in place or by recreating its pods)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from tpu_operator import contract
@@ -108,48 +108,126 @@ def book_restart(counters: RestartCounters, decision: Decision, policy: FailureP
     return backoff_seconds(policy, counters.restarts)
 
 
+@dataclass(frozen=True)
+class RestartChoice:
+    """How a gang restart brings up the next attempt, and why."""
+
+    kind: RestartKind
+    why: str
+    recreate: Mapping[int, str] = field(default_factory=dict)
+    """``Mixed``: the slices whose pods are recreated (by index), and why each."""
+
+
+_IN_PLACE_CAUSES = (Reason.WORKER_FAILED, Reason.STALLED)
+"""Failures that leave every pod alive: only a training process stopped or hung."""
+
+
+def _unfit_pod(pod: PodView, not_ready_nodes: frozenset[str]) -> str:
+    """Why the supervisor of ``pod`` cannot restart its training process, if it cannot."""
+    if not pod.supervised:
+        return "does not run the supervisor"
+    if pod.deleting:
+        return "is being deleted"
+    if pod.disruption is not None:
+        return f"is disrupted ({pod.disruption})"
+    if pod.phase != "Running" or pod.worker_exit is not None:
+        return "has no running worker container"
+    if pod.node is not None and pod.node in not_ready_nodes:
+        return f"is on node {pod.node}, which is not ready"
+    return ""
+
+
+def unfit_slices(
+    pods: Sequence[PodView], num_slices: int, hosts: int, not_ready_nodes: frozenset[str]
+) -> dict[int, str]:
+    """The slices (by index) whose pods cannot all restart in place, and why each: a pod
+    missing, or one whose supervisor cannot restart its process (``_unfit_pod``)."""
+    by_slice: dict[int, list[PodView]] = {}
+    for pod in pods:
+        by_slice.setdefault(pod.slice_index, []).append(pod)
+    unfit: dict[int, str] = {}
+    for index in range(num_slices):
+        members = sorted(by_slice.get(index, ()), key=lambda p: p.name)
+        if len(members) != hosts:
+            unfit[index] = f"{len(members)} of its {hosts} pods exist"
+            continue
+        for pod in members:
+            why = _unfit_pod(pod, not_ready_nodes)
+            if why:
+                unfit[index] = f"pod {pod.name} {why}"
+                break
+    return unfit
+
+
 def restart_kind(
     *,
     supervised: bool,
     mode: str,
     failure: WorkerFailure,
     pods: Sequence[PodView],
-    workers: int,
+    num_slices: int,
+    hosts: int,
     not_ready_nodes: frozenset[str] = frozenset(),
     refused: str | None = None,
-) -> tuple[RestartKind, str]:
-    """How to restart after ``failure`` ended the attempt whose pods are ``pods``, and why.
+) -> RestartChoice:
+    """How to restart after ``failure`` ended the attempt whose pods are ``pods``.
 
-    In place only when nothing but training processes failed: every pod of the attempt
+    In place, slice by slice: a slice restarts in place when every one of its pods
     exists, runs the supervisor, is Running (its container alive) on a ready node, and is
-    neither being deleted nor disrupted. Anything else, and every failure of an in-place
-    restart itself, recreates the pods. ``refused``: why the operator does not supervise
+    neither being deleted nor disrupted; the others are recreated. Every slice in place:
+    ``InPlace``; some: ``Mixed`` (a failure confined to some slices costs only their
+    pods); none: ``Recreate``. Unsupervised pods, and every failure of an in-place
+    restart itself, recreate every pod. ``refused``: why the operator does not supervise
     pods that could be (builders/supervision.py, ``supervision_refused``).
     """
     if not supervised:
         if refused:
-            return RestartKind.RECREATE, refused
+            return RestartChoice(RestartKind.RECREATE, refused)
         if mode == "Recreate":
-            return RestartKind.RECREATE, "failurePolicy.restartMode is Recreate"
-        return RestartKind.RECREATE, "the worker container does not run tpu-worker"
+            return RestartChoice(RestartKind.RECREATE, "failurePolicy.restartMode is Recreate")
+        return RestartChoice(RestartKind.RECREATE, "the worker container does not run tpu-worker")
     if failure.reason in IN_PLACE_FAILURES:
-        return RestartKind.RECREATE, f"the in-place restart failed ({failure.reason})"
-    if failure.reason not in (Reason.WORKER_FAILED, Reason.STALLED):
-        return RestartKind.RECREATE, f"a pod or its node is gone ({failure.reason})"
-    if len(pods) != workers:
-        return RestartKind.RECREATE, f"{len(pods)} of {workers} pods of the attempt exist"
-    for pod in sorted(pods, key=lambda p: p.name):
-        why = ""
-        if not pod.supervised:
-            why = "does not run the supervisor"
-        elif pod.deleting:
-            why = "is being deleted"
-        elif pod.disruption is not None:
-            why = f"is disrupted ({pod.disruption})"
-        elif pod.phase != "Running" or pod.worker_exit is not None:
-            why = "has no running worker container"
-        elif pod.node is not None and pod.node in not_ready_nodes:
-            why = f"is on node {pod.node}, which is not ready"
-        if why:
-            return RestartKind.RECREATE, f"pod {pod.name} {why}"
-    return RestartKind.IN_PLACE, "only training processes stopped; every pod is alive"
+        return RestartChoice(
+            RestartKind.RECREATE, f"the in-place restart failed ({failure.reason})"
+        )
+    unfit = unfit_slices(pods, num_slices, hosts, not_ready_nodes)
+    if failure.reason not in _IN_PLACE_CAUSES:
+        # A pod or node is gone: its slice is recreated, whatever its pods show yet (a
+        # pod gone altogether shows as one missing).
+        lost = next((p.slice_index for p in pods if p.name == failure.pod), None)
+        if lost is not None:
+            unfit.setdefault(lost, f"pod {failure.pod}: {failure.reason}")
+        elif not unfit:
+            return RestartChoice(
+                RestartKind.RECREATE, f"a pod or its node is gone ({failure.reason})"
+            )
+    if not unfit:
+        return RestartChoice(
+            RestartKind.IN_PLACE, "only training processes stopped; every pod is alive"
+        )
+    if len(unfit) == num_slices:
+        if failure.reason not in _IN_PLACE_CAUSES:
+            return RestartChoice(
+                RestartKind.RECREATE, f"a pod or its node is gone ({failure.reason})"
+            )
+        return RestartChoice(RestartKind.RECREATE, unfit[min(unfit)])
+    recreate = dict(sorted(unfit.items()))
+    kept = [i for i in range(num_slices) if i not in recreate]
+    return RestartChoice(
+        RestartKind.MIXED,
+        f"{_slices(list(recreate))} recreated ("
+        + "; ".join(f"slice {i}: {why}" for i, why in list(recreate.items())[:_SHOWN])
+        + ("; ..." if len(recreate) > _SHOWN else "")
+        + f"), {_slices(kept)} in place",
+        recreate,
+    )
+
+
+_SHOWN = 8
+"""Slices a restart's message names (the rest are counted)."""
+
+
+def _slices(indexes: Sequence[int]) -> str:
+    shown = ", ".join(str(i) for i in indexes[:_SHOWN])
+    more = f" and {len(indexes) - _SHOWN} more" if len(indexes) > _SHOWN else ""
+    return f"slice{'s' if len(indexes) > 1 else ''} {shown}{more}"

@@ -18,13 +18,9 @@ import pytest
 from tests.unit.fakeapi import NS, FakeCluster, stamp
 from tpu_operator import contract
 from tpu_operator import supervision as sv
-from tpu_operator.api.status import Reason, RestartKind
 from tpu_operator.builders.supervision import MAX_STOP_GRACE_SECONDS
-from tpu_operator.decisions import restart_kind
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime.control import ControlError, ProcessState
-from tpu_operator.state.gang import WorkerFailure
-from tpu_operator.state.views import pod_view
 
 pytestmark = pytest.mark.unit
 
@@ -369,20 +365,6 @@ def test_no_start_while_a_process_of_the_old_attempt_runs_anywhere():
     assert not [c for c in channel.calls if c[0] == "start"]
 
 
-def test_a_stall_of_a_live_gang_restarts_in_place():
-    cluster, channel = supervised_cluster()
-    running_job(cluster, channel)
-    views = [pod_view(p) for p in cluster.pods("j").values()]
-    kind, why = restart_kind(
-        supervised=True,
-        mode="Auto",
-        failure=WorkerFailure(Reason.STALLED, "no step", "j-0-0", None, None, None),
-        pods=[v for v in views if v is not None],
-        workers=2,
-    )
-    assert kind == RestartKind.IN_PLACE, why
-
-
 def test_an_evicted_pod_recreates_the_pods():
     cluster, channel = supervised_cluster()
     uids = running_job(cluster, channel)
@@ -576,3 +558,77 @@ def test_a_maintenance_notice_asks_every_worker_to_checkpoint_once():
     cluster.settle()
     assert len(channel.asked) == 4
     assert cluster.job("j")["status"]["checkpointRequests"] == 2
+
+
+def two_slice_job(cluster: FakeCluster, channel: FakeChannel) -> dict[str, str]:
+    cluster.add_pool("p1", *V5P, hosts=2)
+    cluster.add_pool("p2", *V5P, hosts=2)
+    cluster.apply_job("j", {**job_spec(), "numSlices": 2})
+    cluster.settle()
+    start_processes(cluster, channel, 1)
+    cluster.settle()
+    assert cluster.job("j")["status"]["phase"] == "Running"
+    return {n: p["metadata"]["uid"] for n, p in cluster.pods("j").items()}
+
+
+def test_a_pod_lost_in_one_slice_recreates_that_slice_and_restarts_the_other_in_place():
+    cluster, channel = supervised_cluster()
+    uids = two_slice_job(cluster, channel)
+    kept = {n: u for n, u in uids.items() if n.startswith("j-0-")}
+    kept_ips = {cluster.pods("j")[n]["status"]["podIP"] for n in kept}
+    cluster.evict_pod("j-1-0")
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["restartKind"], status["recreatedSlices"]) == (
+        2,
+        "Mixed",
+        [1],
+    )
+    assert (status["restarts"], status["inPlaceRestarts"]) == (1, 1)
+    assert "restarting slice by slice (slice 1 recreated (slice 1: pod j-1-0" in (
+        restarting_event(cluster)
+    )
+    assert "slice 0 in place" in restarting_event(cluster)
+    # Slice 0's processes were stopped and its pods moved to attempt 2; slice 1's pods of
+    # attempt 1 are being deleted. Nothing starts while a pod of attempt 1 is left.
+    pods = cluster.pods("j")
+    assert {n: pods[n]["metadata"]["uid"] for n in kept} == kept
+    assert {pods[n]["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for n in kept} == {"2"}
+    assert all(pods[n]["metadata"].get("deletionTimestamp") for n in ("j-1-0", "j-1-1"))
+    assert {ip for verb, ip, _ in channel.calls if verb == "stop"} == kept_ips
+    assert not [c for c in channel.calls if c[0] == "start"]
+    cluster.confirm_deletions()
+    cluster.settle()
+    # Slice 1's pods are created anew for attempt 2; slice 0 waits until they run.
+    pods = cluster.pods("j")
+    fresh = {n: p for n, p in pods.items() if n.startswith("j-1-")}
+    assert len(fresh) == 2 and not {p["metadata"]["uid"] for p in fresh.values()} & set(
+        uids.values()
+    )
+    assert {p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in fresh.values()} == {
+        "2"
+    }
+    assert not [c for c in channel.calls if c[0] == "start"]
+    assert cluster.job("j")["status"]["phase"] != "Running"
+    # The new pods run (their supervisors start attempt 2 on their own): slice 0 starts.
+    cluster.run_pods("j")
+    for index, name in enumerate(sorted(fresh)):
+        pod = cluster.pods("j")[name]
+        pod["status"]["podIP"] = ip = f"10.0.1.{index + 1}"
+        pod["status"]["containerStatuses"] = [
+            {
+                "name": contract.WORKER_CONTAINER,
+                "state": {"running": {"startedAt": stamp(cluster.now)}},
+            }
+        ]
+        channel.processes[ip] = ProcessState("running", 2)
+        set_ready(cluster, pod, True)
+    assert not any(channel.processes[ip].running for ip in kept_ips)
+    cluster.settle()
+    starts = [c for c in channel.calls if c[0] == "start"]
+    assert {ip for _, ip, _ in starts} == kept_ips, starts  # the new pods start themselves
+    assert all(channel.processes[ip].attempt == 2 for ip in kept_ips)
+    assert all(channel.starts_saw) and channel.starts_saw
+    status = cluster.job("j")["status"]
+    assert status["phase"] == "Running" and status["attempt"] == 2
+    assert {n: p["metadata"]["uid"] for n, p in cluster.pods("j").items() if n in kept} == kept

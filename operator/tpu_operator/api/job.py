@@ -128,11 +128,17 @@ class TPUJobStatus(ApiModel):
     restarts_by_reason: dict[str, int] = Field(default_factory=dict)
     restart_kind: RestartKind | None = None
     """How the current attempt came up after the last gang restart: InPlace (the
-    supervisors restarted the training processes in the same pods) or Recreate."""
+    supervisors restarted the training processes in the same pods), Recreate, or Mixed
+    (the slices in recreatedSlices recreated, the others in place)."""
+    recreated_slices: list[int] | None = None
+    """The slices whose pods the last gang restart recreated when it was Mixed (by slice
+    index); the job's other slices restarted in place."""
     in_place_restarts: int = 0
-    """Gang restarts done in place (of restarts)."""
+    """Gang restarts in which some or all slices restarted in place (InPlace or Mixed, of
+    restarts)."""
     in_place_since: str | None = None
-    """When the running in-place restart began (failurePolicy.inPlaceTimeoutSeconds)."""
+    """When the running in-place (or mixed) restart began
+    (failurePolicy.inPlaceTimeoutSeconds)."""
     checkpoint_requests: int = 0
     """How often the workers were asked to checkpoint ahead of a node disruption."""
     disruption_notices: list[str] = Field(default_factory=list, max_length=64)

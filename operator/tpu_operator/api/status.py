@@ -223,6 +223,11 @@ class RestartKind(StrEnum):
     process of the job has stopped, starts the next attempt's."""
     RECREATE = "Recreate"
     """Every pod is deleted and, once all are gone, created again."""
+    MIXED = "Mixed"
+    """The pods of the slices the failure touched (a pod or node lost, an eviction, a dead
+    container) are recreated; the other slices' supervisors restart their training
+    processes in the pods they have (``status.recreatedSlices``). The next attempt's
+    processes start once every old one has stopped and the recreated pods run."""
 
 
 class ResolvedShape(ApiModel):

@@ -3,9 +3,10 @@
 The failure is recorded (``status.lastFailure``), the policy decides whether it restarts
 and whether it counts against ``maxRestarts`` (``decisions.decide``), and a restart is
 booked with its backoff and its kind: in place (the supervisors stop and restart the
-training processes in the pods they have) or by recreating the pods
-(``decisions.restart_kind``). The next attempt is committed before any slice moves to it;
-pools that vanished are replaced before its pods exist (``pools.renew_vanished``)."""
+training processes in the pods they have), by recreating the pods, or mixed: the slices
+the failure touched recreated, the others in place (``decisions.restart_kind``). The next
+attempt is committed before any slice moves to it; pools that vanished are replaced
+before its pods exist (``pools.renew_vanished``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tpu_operator.api.conditions import stamp
 from tpu_operator.api.status import ConditionType, Phase, Reason, RestartKind
 from tpu_operator.decisions import book_restart, decide, restart_kind
 from tpu_operator.policies import pools
+from tpu_operator.policies.in_place import IN_PLACE_KINDS
 from tpu_operator.policies.plan import Act, JobFacts, Plan, World
 from tpu_operator.policies.suspend import stopped
 from tpu_operator.state.gang import WorkerFailure
@@ -77,22 +79,31 @@ def attempt_failed(
     status.attempt = attempt + 1
     status.phase = Phase.RESTARTING
     pods = facts.pods
-    kind, why = restart_kind(
+    choice = restart_kind(
         supervised=facts.supervised,
         refused=facts.supervision_refused,
         mode=facts.policy.restart_mode,
         failure=failure,
         pods=[p for p in pods if p.attempt == attempt],
-        workers=facts.total_workers,
+        num_slices=facts.spec.num_slices,
+        hosts=facts.shape.hosts,
         not_ready_nodes=world.not_ready_nodes(p.node for p in pods),
     )
+    kind = choice.kind
+    in_place = kind in IN_PLACE_KINDS
     status.restart_kind = kind
-    status.in_place_since = stamp(plan.now) if kind == RestartKind.IN_PLACE else None
-    status.in_place_restarts += int(kind == RestartKind.IN_PLACE)
-    how = "in place" if kind == RestartKind.IN_PLACE else "by recreating the pods"
+    status.recreated_slices = sorted(choice.recreate) if kind == RestartKind.MIXED else None
+    status.in_place_since = stamp(plan.now) if in_place else None
+    status.in_place_restarts += int(in_place)
+    how = {
+        RestartKind.IN_PLACE: "in place",
+        RestartKind.MIXED: "slice by slice",
+        RestartKind.RECREATE: "by recreating the pods",
+    }[kind]
     budget = f"{status.counted_restarts} of {facts.policy.max_restarts} counted restarts used"
     status.message = (
-        f"restarting {how} ({why}) as attempt {attempt + 1} in {delay:.0f} s: {decision.message}"
+        f"restarting {how} ({choice.why}) as attempt {attempt + 1} in {delay:.0f} s: "
+        f"{decision.message}"
     )
     plan.condition(ConditionType.RESTARTING, True, decision.reason, status.message)
     plan.condition(ConditionType.RUNNING, False, Reason.RESTARTING)

@@ -1,6 +1,7 @@
-"""In-place restarts: one that cannot stop every process of the previous attempt, or that
-has not every worker running within ``failurePolicy.inPlaceTimeoutSeconds``, ends in a
-failure of the attempt (the next one recreates the pods: ``failure.restart_kind``)."""
+"""In-place restarts (and mixed ones, which also recreate the pods of some slices): one
+that cannot stop every process of the previous attempt, or that has not every worker
+running within ``failurePolicy.inPlaceTimeoutSeconds``, ends in a failure of the attempt
+(the next one recreates the pods: ``decisions.restart_kind``)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ from tpu_operator.api.status import Phase, Reason, RestartKind
 from tpu_operator.policies.plan import JobFacts, Plan, World
 from tpu_operator.state.gang import Outcome, WorkerFailure
 
+IN_PLACE_KINDS = frozenset({RestartKind.IN_PLACE, RestartKind.MIXED})
+"""Restarts whose supervisors restart training processes in pods the job has (a mixed
+one recreates the pods of some slices as well)."""
+
 
 def restarting_in_place(status: TPUJobStatus) -> bool:
     """The committed attempt comes up in place and is not running yet."""
     return (
-        status.restart_kind == RestartKind.IN_PLACE
+        status.restart_kind in IN_PLACE_KINDS
         and status.in_place_since is not None
         and status.running_since is None
         and status.phase in (Phase.RESTARTING, Phase.STARTING, Phase.PENDING)
@@ -29,13 +34,13 @@ def failure(
     """An in-place restart into ``attempt`` that cannot stop every process of the previous
     one, or that is not running within inPlaceTimeoutSeconds."""
     status = plan.status
-    if status.restart_kind != RestartKind.IN_PLACE or status.running_since:
+    if status.restart_kind not in IN_PLACE_KINDS or status.running_since:
         return None
     fallback = world.in_place_fallback(attempt)
     if fallback is not None:
         return WorkerFailure(Reason.SUPERVISOR_UNREACHABLE, fallback, "", None, None, None)
     since = parse(status.in_place_since)
-    if since is None or outcome == "Running":
+    if since is None or (outcome == "Running" and world.in_place_started(attempt)):
         return None
     timeout = facts.policy.in_place_timeout_seconds
     bound = dt.timedelta(seconds=timeout)

@@ -115,9 +115,16 @@ def goes_on(
     """The status of an attempt that neither failed nor succeeded."""
     status = plan.status
     phase = of_attempt(status.running_since is not None, outcome, state, draining, backing_off)
-    status.message = message(
-        phase, outcome, state, attempt, draining, restarting_in_place(status), status.restart_at
-    )
+    in_place = restarting_in_place(status)
+    status.message = message(phase, outcome, state, attempt, draining, in_place, status.restart_at)
+    if phase == Phase.RUNNING and in_place and not world.in_place_started(attempt):
+        # Pods whose process was stopped still show Ready for a while: the attempt runs
+        # once their supervisors were told to start it (after every recreated pod runs).
+        phase = Phase.STARTING
+        status.message = (
+            f"attempt {attempt}: restarting in place; the training processes start once "
+            "every old one has stopped and every recreated pod runs"
+        )
     if phase == Phase.RUNNING:
         status.in_place_since = None  # an in-place restart is over once running
         if status.running_since is None:

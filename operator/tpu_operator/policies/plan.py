@@ -103,6 +103,12 @@ class World(Protocol):
         """Why an in-place restart into ``attempt`` gave up on stopping the processes."""
         ...
 
+    def in_place_started(self, attempt: int) -> bool:
+        """The in-place restart into ``attempt`` told every pod that stays to start it
+        (until then, a pod whose stopped process's readiness is still held up would look
+        like a running worker of ``attempt``)."""
+        ...
+
     def service_conflict(self) -> str:
         """Why the job's headless Service name belongs to another object, if it does."""
         ...

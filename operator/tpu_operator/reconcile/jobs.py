@@ -113,6 +113,8 @@ class JobReconciler:
         body = self.ctx.caches.job(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.gangs.forget(namespace, name)
+            if body is not None and self.ctx.supervisors is not None:
+                self.ctx.supervisors.forget_job(body["metadata"]["uid"])
             if body is None:
                 self.ctx.reservations.release(job_holder(namespace, name))
                 self.ctx.refused_slices.pop(key, None)
@@ -175,6 +177,10 @@ class CachedWorld:
     def in_place_fallback(self, attempt: int) -> str | None:
         supervisors = self.ctx.supervisors
         return supervisors.fallback(self.meta["uid"], attempt) if supervisors else None
+
+    def in_place_started(self, attempt: int) -> bool:
+        supervisors = self.ctx.supervisors
+        return supervisors.restarted(self.meta["uid"], attempt) if supervisors else True
 
     def service_conflict(self) -> str:
         return self.ctx.service_conflict(
@@ -274,6 +280,8 @@ class JobRun:
             # cache does not show yet (context.Reservations).
             return RETRY_AFTER_CONFLICT
         self._hold_pools()
+        if self.plan.status.phase in TERMINAL_PHASES and self.ctx.supervisors is not None:
+            self.ctx.supervisors.forget_job(self.facts.uid)
         await self._act()
         await self.admission.act(self.plan)
         return self.plan.requeue
@@ -493,8 +501,9 @@ class JobRun:
         )
 
     async def _restart_in_place(self, attempt: int) -> None:
-        """Stop and move every pod of the previous attempt, then start this one (each
-        pass idempotent; reconcile/supervisors.py)."""
+        """Stop and move every pod of the previous attempt that stays (all, or those of
+        the slices a mixed restart does not recreate), then start this one (each pass
+        idempotent; reconcile/supervisors.py)."""
         supervisors = self.ctx.supervisors
         if supervisors is None:
             return
@@ -506,6 +515,8 @@ class JobRun:
             namespace=facts.namespace,
             pods=facts.pods,
             attempt=attempt,
+            recreated=frozenset(plan.status.recreated_slices or ()),
+            hosts=facts.shape.hosts,
             grace_seconds=stop_grace(template_spec),
             may_start=restart_at is None or plan.now >= restart_at,
         )
@@ -563,6 +574,7 @@ class JobRun:
         control = await self._ensure_control_key() if facts.supervised else None
         secret, key_id = control if control is not None else (None, None)
         in_place_from = attempt - 1 if restarting_in_place(plan.status) else None
+        recreated = set(plan.status.recreated_slices or ())
         node_pools = plan.status.node_pools or []
         job_spec = facts.raw_spec
         if plan.template is not None:
@@ -583,7 +595,7 @@ class JobRun:
                 not_before=plan.status.restart_at,
                 suspend=False,
                 extra_labels=self._extra_labels(),
-                in_place_from=in_place_from,
+                in_place_from=None if index in recreated else in_place_from,
                 control_key_secret=secret,
                 control_key_id=key_id,
             )

@@ -67,6 +67,29 @@ def _current(table: dict[tuple[str, int], set[str]], job: str, attempt: int) -> 
     return table.setdefault((job, attempt), set())
 
 
+def runs(pod: PodView) -> bool:
+    """The pod's container runs and its supervisor can be reached."""
+    return pod.phase == "Running" and pod.pod_ip is not None and not pod.deleting
+
+
+def recreated_ready(
+    pods: Iterable[PodView], recreated: frozenset[int], attempt: int, hosts: int
+) -> bool:
+    """The slices a mixed restart recreates are ready for ``attempt``: none of their pods
+    of an older attempt is left, and each has its ``hosts`` pods of ``attempt`` running."""
+    if not recreated:
+        return True
+    running: dict[int, int] = {}
+    for pod in pods:
+        if pod.slice_index not in recreated:
+            continue
+        if pod.attempt < attempt:
+            return False
+        if pod.attempt == attempt and runs(pod):
+            running[pod.slice_index] = running.get(pod.slice_index, 0) + 1
+    return all(running.get(i, 0) >= hosts for i in recreated)
+
+
 @dataclass
 class _Asked:
     transition: str | None
@@ -91,6 +114,8 @@ class Supervisors:
     """Pods (UIDs) relabelled to the restart's attempt (the caches may still show the old
     label for a moment)."""
     _fallbacks: dict[tuple[str, int], str] = field(default_factory=dict)
+    _done: dict[str, int] = field(default_factory=dict)
+    """The last attempt each job's in-place restart started in every pod that stays."""
 
     def _now(self) -> float:
         return float(self.clock())  # type: ignore[operator]
@@ -163,6 +188,13 @@ class Supervisors:
         return True
 
     # the restart
+    def forget_job(self, job_uid: str) -> None:
+        """Drop what is kept of a job that restarts no more (finished or deleted)."""
+        self._done.pop(job_uid, None)
+        for table in (self._started, self._stopped, self._moved, self._fallbacks):
+            for key in [k for k in table if k[0] == job_uid]:
+                del table[key]
+
     def fallback(self, job_uid: str, attempt: int) -> str | None:
         """Why the in-place restart into ``attempt`` cannot go on, if it cannot."""
         return self._fallbacks.get((job_uid, attempt))
@@ -176,39 +208,59 @@ class Supervisors:
         attempt: int,
         grace_seconds: float,
         may_start: bool,
+        recreated: frozenset[int] = frozenset(),
+        hosts: int = 0,
     ) -> bool:
-        """One pass of the in-place restart into ``attempt``; True once every pod carries
-        ``attempt`` and its supervisor was told to start it.
+        """One pass of the in-place restart into ``attempt``; True once every pod that
+        stays carries ``attempt`` and its supervisor was told to start it.
 
-        The barrier: no start before every pod's supervisor confirmed that no process of
-        an older attempt runs there (a stop's answer says whether the process ended; one
-        that says ``stopping`` is sent again on the next pass). Then
-        the starts and the relabelling go out together: the label is the durable record
-        for the next reconcile (or operator), the starts are what the workers wait for.
+        The pods that stay are every pod of the job, or, in a mixed restart, those of the
+        slices not in ``recreated`` (by index; those slices delete their pods and create
+        new ones, whose supervisors start ``attempt`` by themselves).
+
+        The barrier: no start before every staying pod's supervisor confirmed that no
+        process of an older attempt runs there (a stop's answer says whether the process
+        ended; one that says ``stopping`` is sent again on the next pass), no pod of an
+        older attempt is left in a recreated slice, and every recreated slice's ``hosts``
+        pods of ``attempt`` run. The relabelling goes out as soon as a pod's process
+        stopped (the label is the durable record for the next reconcile or operator, and
+        what lets the recreated slices create their pods); the starts are what the
+        workers wait for.
         """
+        staying = [p for p in pods if p.slice_index not in recreated]
         stopped = _current(self._stopped, job_uid, attempt)
-        older = [p for p in pods if p.attempt < attempt and p.uid not in stopped]
+        older = [p for p in staying if p.attempt < attempt and p.uid not in stopped]
         if any(p.deleting for p in older):
             return False  # recreated by its slice once gone, with the new attempt's env
         if older:
             await self._stop(job_uid, older, attempt, grace_seconds)
             if self.fallback(job_uid, attempt) is not None:
                 return False
-        if any(p.attempt < attempt and p.uid not in stopped for p in pods):
+        if any(p.attempt < attempt and p.uid not in stopped for p in staying):
             return False
         moved = _current(self._moved, job_uid, attempt)
-        relabel = [p for p in pods if p.attempt < attempt and p.uid not in moved]
+        relabel = [p for p in staying if p.attempt < attempt and p.uid not in moved]
         started = _current(self._started, job_uid, attempt)
         # Readiness cannot tell: a stopped process's pod may still show Ready for up to a
-        # probe period. A start for a process that runs is answered without effect.
-        todo = [p for p in pods if p.uid not in started] if may_start else []
+        # probe period. A start for a process that runs is answered without effect; a
+        # pod its slice created anew is started once it runs.
+        ready = may_start and recreated_ready(pods, recreated, attempt, hosts)
+        todo = [p for p in staying if p.uid not in started and runs(p)] if ready else []
         await asyncio.gather(
             self._relabel(namespace, relabel, attempt, moved),
             self._start(job_uid, todo, attempt, started),
         )
-        return all(p.uid in started for p in pods) and all(
-            p.attempt >= attempt or p.uid in moved for p in pods
+        done = ready and all(
+            p.uid in started and (p.attempt >= attempt or p.uid in moved) for p in staying
         )
+        if done:
+            self._done[job_uid] = attempt
+        return done
+
+    def restarted(self, job_uid: str, attempt: int) -> bool:
+        """The in-place restart into ``attempt`` told every pod that stays to start it
+        (an operator that restarted has not: its next pass sends the starts again)."""
+        return self._done.get(job_uid, 0) >= attempt
 
     async def _stop(self, job_uid: str, pods: list[PodView], attempt: int, grace: float) -> None:
         """Stop every process older than ``attempt`` in ``pods``; record the confirmed

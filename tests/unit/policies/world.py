@@ -52,6 +52,8 @@ class World:
     on_node: dict[str, list[PodView]] = field(default_factory=dict)
     others: list[PodView] = field(default_factory=list)
     fallback: str | None = None
+    started: bool = True
+    """The in-place restart told every staying pod to start (``in_place_started``)."""
     conflict: str = ""
     refusal: SliceRefusal | None = None
     metrics: Recorded = field(default_factory=Recorded)
@@ -86,6 +88,9 @@ class World:
 
     def in_place_fallback(self, attempt: int) -> str | None:
         return self.fallback
+
+    def in_place_started(self, attempt: int) -> bool:
+        return self.started
 
     def service_conflict(self) -> str:
         return self.conflict
