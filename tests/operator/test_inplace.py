@@ -339,3 +339,51 @@ def test_a_pod_lost_in_one_slice_recreates_that_slice_only(
     resumed = re.findall(r"resumed from checkpoint at step (\d+)", log.read_text())
     assert len(resumed) == 1 and int(resumed[0]) >= 5, resumed
     assert "Traceback" not in running_operator.tail(400)
+
+
+def test_a_slice_on_a_broken_pool_moves_to_a_free_one(
+    tpu, namespace, cluster, running_operator, tpu_pools
+):
+    """Two v4 slices on three pools: a node of slice 1's pool goes NotReady. Slice 1 is
+    recreated on the free pool at once (not on its broken one, which no slice is given
+    until it heals); slice 0 restarts in place; training resumes from a checkpoint."""
+    tpu_pools(3)
+    manifest, directory = demo_job(
+        namespace, "spare", "--steps=100000", numSlices=2, slice={"type": "v4-16"}
+    )
+    tpu.apply(manifest)
+    first = running_attempt(tpu, namespace, "spare", 1)
+    wait_until(lambda: steps_saved(directory), timeout=120, message="a first checkpoint")
+    before = identities(tpu, namespace)
+    node = next(p for p in tpu.pods(namespace) if p["metadata"]["name"] == "spare-1-0")["spec"][
+        "nodeName"
+    ]
+    cluster.agent.make_node_not_ready(node)
+    try:
+        status = running_attempt(tpu, namespace, "spare", 2, timeout=300)
+    finally:
+        cluster.agent.heal_node(node)
+    assert (status["restartKind"], status["recreatedSlices"]) == ("Mixed", [1]), status
+    assert status["lastFailure"]["reason"] == "NodeLost"
+    kept, broken = first["nodePools"]
+    assert status["nodePools"][0] == kept and status["nodePools"][1] != broken, status
+    after = identities(tpu, namespace)
+    assert {n: after[n][0] for n in after if n.startswith("spare-0-")} == {
+        n: v[0] for n, v in before.items() if n.startswith("spare-0-")
+    }
+    moved = [p for p in tpu.pods(namespace) if p["metadata"]["name"].startswith("spare-1-")]
+    assert {p["spec"]["nodeSelector"][contract.NODE_LABEL_NODEPOOL] for p in moved} == {
+        status["nodePools"][1]
+    }
+    tpu.wait_events(namespace, "spare", "NodePoolUnhealthy")
+    (event,) = [
+        e["message"] for e in tpu.events(namespace, "spare") if e["reason"] == "NodePoolUnhealthy"
+    ]
+    assert f"slice 1: node pool {broken} has 1 of its 2 VMs not ready" in event, event
+    saved_before = max(steps_saved(directory))
+    wait_until(
+        lambda: max(steps_saved(directory)) > saved_before,
+        timeout=120,
+        message="attempt 2 to save a checkpoint after the one it resumed from",
+    )
+    assert "Traceback" not in running_operator.tail(400)

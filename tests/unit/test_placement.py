@@ -289,3 +289,23 @@ def test_requests_leave_provisioning_open_unless_the_job_says():
     assert provision(Placement(provisioning="Auto")) is True
     assert provision(Placement(provisioning="ExistingPools")) is False
     assert provision(Placement(provisioning="Auto"), claims=None) is False
+
+
+def test_an_unhealthy_pool_is_given_to_no_slice():
+    pools = {
+        "broken": PoolView("broken", "tpu-v5p-slice", "2x2x2", nodes=2, ready=1),
+        "spare": PoolView("spare", "tpu-v5p-slice", "2x2x2", nodes=3, ready=3),
+    }
+    assert allocate([Request(V5P_16)], pools, {}).pools == ["spare"]
+    waiting = allocate([Request(V5P_16)], pools, {"spare": "TPUJob ml/a"})
+    assert waiting.pools is None
+    assert "broken has 1 of its 2 VMs not ready or cordoned" in waiting.message
+
+
+def test_pinned_pools_are_placed_before_free_choices():
+    pools = {n: PoolView(n, "tpu-v5p-slice", "2x2x2", nodes=2, ready=2) for n in ("a", "b")}
+    # Slice 0 chooses freely, slice 1 pins "a": slice 0 must not take it first.
+    assert allocate([Request(V5P_16), Request(V5P_16, pinned="a")], pools, {}).pools == [
+        "b",
+        "a",
+    ]

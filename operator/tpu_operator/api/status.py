@@ -131,6 +131,10 @@ class Reason(StrEnum):
     slices asked for."""
     NODE_POOL_GONE = "NodePoolGone"
     """A recorded node pool has no nodes left (deleted, or scaled to zero)."""
+    NODE_POOL_UNHEALTHY = "NodePoolUnhealthy"
+    """A slice whose pods a restart recreates had a node pool with a VM not ready or
+    cordoned: the slice moved to a free healthy pool of its shape (or, with none free,
+    waits for the repair). An unhealthy pool is given to no slice until it is healthy."""
     UNSCHEDULABLE = "Unschedulable"
     """The scheduler cannot place the attempt's pods (its message is in the condition)."""
     SCHEDULED = "Scheduled"

@@ -168,11 +168,24 @@ def _unfit(pool: PoolView, request: Request, held_by: str | None) -> str | None:
         return f"{pool.name} is held by {held_by}"
     if pool.nodes < shape.hosts:
         return f"{pool.name} has {pool.nodes} of the {shape.hosts} VMs the slice needs"
+    unhealthy = pool_unhealthy(pool)
+    if unhealthy:
+        return unhealthy
     if request.spot is not None and pool.spot != request.spot:
         return f"{pool.name} is {'spot' if pool.spot else 'on-demand'}"
     if request.reservation and pool.reservation != request.reservation:
         return f"{pool.name} is not in reservation {request.reservation}"
     return None
+
+
+def pool_unhealthy(pool: PoolView) -> str | None:
+    """Why a pool is unhealthy (a VM not ready or cordoned: being repaired, upgraded or
+    lost), if it is. An unhealthy pool is given to no slice until it is healthy again."""
+    if pool.ready >= pool.nodes:
+        return None
+    return (
+        f"{pool.name} has {pool.nodes - pool.ready} of its {pool.nodes} VMs not ready or cordoned"
+    )
 
 
 def _pinned_mismatch(pool: PoolView | None, shape: SliceShape) -> str | None:
@@ -199,10 +212,13 @@ def allocate(
     pinned pool whose nodes are of another shape or machine type is refused. A request
     that may provision gets a claim reference when no free pool fits.
     """
-    chosen: list[str] = []
+    chosen: dict[int, str] = {}
     provisioning: list[int] = []
     taken: set[str] = set()  # by earlier requests of this allocation
-    for index, request in enumerate(requests):
+    # Pinned pools first, so that no free choice takes a pool another slice pins.
+    order = sorted(range(len(requests)), key=lambda i: (not requests[i].pinned, i))
+    for index in order:
+        request = requests[index]
         if request.pinned:
             holder = held.get(request.pinned) or (
                 "another slice of this job" if request.pinned in taken else None
@@ -217,7 +233,7 @@ def allocate(
                     None,
                     f"slice {index}: pinned node pool {request.pinned} cannot run it: {mismatch}",
                 )
-            chosen.append(request.pinned)
+            chosen[index] = request.pinned
             taken.add(request.pinned)
             continue
         reasons = []
@@ -229,13 +245,13 @@ def allocate(
             held_by = held.get(pool.name) or ("this job" if pool.name in taken else None)
             problem = _unfit(pool, request, held_by)
             if problem is None:
-                chosen.append(pool.name)
+                chosen[index] = pool.name
                 taken.add(pool.name)
                 break
             reasons.append(problem)
         else:
             if request.provision and request.claim:
-                chosen.append(claim_ref(request.claim))
+                chosen[index] = claim_ref(request.claim)
                 provisioning.append(index)
                 continue
             if not pools:
@@ -262,7 +278,7 @@ def allocate(
                 f"waiting for a free node pool for slice {index} ({shape_words(request.shape)})"
                 f": {why}{hint}",
             )
-    return Allocation(chosen, provisioning=provisioning)
+    return Allocation([chosen[i] for i in range(len(requests))], provisioning=sorted(provisioning))
 
 
 def resolve_claim(

@@ -112,5 +112,7 @@ def attempt_failed(
     # Committed first, then the slices move to the next attempt (Act.RUN); its pods get
     # new pools for those that vanished.
     pools.renew_vanished(facts, plan, world, status.attempt, facts.created_slices(status.attempt))
+    recreated = range(facts.spec.num_slices) if kind == RestartKind.RECREATE else choice.recreate
+    pools.move_from_unhealthy(facts, plan, world, recreated)
     if delay:
         plan.after(delay)

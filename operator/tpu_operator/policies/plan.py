@@ -87,6 +87,11 @@ class World(Protocol):
         """The recorded pools with no nodes left, and what to do about each."""
         ...
 
+    def unhealthy_pools(self, refs: list[str]) -> dict[int, str]:
+        """The recorded pools (by slice index) that have nodes but are unhealthy, and why
+        (``placement/pools.pool_unhealthy``)."""
+        ...
+
     def not_ready_nodes(self, names: Iterable[str | None]) -> frozenset[str]: ...
 
     def noticed_nodes(self) -> Mapping[str, str]:

@@ -4,14 +4,18 @@ A recorded pool with no nodes (deleted, or scaled to zero) is replaced by a new 
 the slices that have no pods of the attempt yet, when they may provision (a deleted pool
 never comes back); otherwise the slice keeps it and the message says so
 (``placement/pools.vanished_pools``). A claim reference (``auto:<value>``) is replaced by
-the name of the pool GKE created for it once its nodes exist.
+the name of the pool GKE created for it once its nodes exist. A slice whose pods a restart
+recreates and whose pool is unhealthy (a VM not ready or cordoned) moves to a free healthy
+pool of its shape at once, rather than waiting for the repair (``move_from_unhealthy``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from tpu_operator.api.status import Reason
+from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import claim_ref, is_claim
 from tpu_operator.policies.plan import JobFacts, Plan, World
 
@@ -52,3 +56,41 @@ def check(facts: JobFacts, plan: Plan, world: World) -> None:
     attempt = plan.status.attempt
     renew_vanished(facts, plan, world, attempt, facts.created_slices(attempt))
     resolve_claims(plan, world)
+
+
+def move_from_unhealthy(facts: JobFacts, plan: Plan, world: World, slices: Iterable[int]) -> None:
+    """Move the ``slices`` a restart recreates off their unhealthy pools: each to a free
+    healthy pool of its shape (its spot and reservation as the job asks), all at once, the
+    job's other slices keeping theirs. With none free, or pools the user pinned, the
+    slices stay and their new pods wait for the repair; either way an event says so."""
+    refs = plan.status.node_pools or []
+    placement = facts.spec.placement
+    if not refs or (placement is not None and placement.node_pools):
+        return
+    wanted = set(slices)
+    broken = {i: why for i, why in world.unhealthy_pools(refs).items() if i in wanted}
+    if not broken:
+        return
+    requests = [
+        replace(r, provision=False) if i in broken else replace(r, pinned=refs[i])
+        for i, r in enumerate(requests_for(facts.shape, placement, len(refs)))
+    ]
+    allocation = world.allocate(requests)
+    if allocation.pools is None:
+        for index, why in sorted(broken.items()):
+            plan.event(
+                "Warning",
+                Reason.NODE_POOL_UNHEALTHY,
+                f"slice {index}: node pool {why}; no free healthy node pool of its shape to "
+                f"move to ({allocation.message}); its new pods wait for the repair",
+            )
+        return
+    moved = list(refs)
+    for index, why in sorted(broken.items()):
+        moved[index] = allocation.pools[index]
+        plan.event(
+            "Warning",
+            Reason.NODE_POOL_UNHEALTHY,
+            f"slice {index}: node pool {why}; moved to node pool {moved[index]}",
+        )
+    plan.status.node_pools = moved

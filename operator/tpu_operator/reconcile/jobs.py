@@ -79,6 +79,7 @@ from tpu_operator.reconcile.pools import (
     resolve_claims,
     slice_pool_values,
     tpu_pools,
+    unhealthy,
     vanished,
 )
 from tpu_operator.reconcile.queueing import admission_of
@@ -155,6 +156,9 @@ class CachedWorld:
 
     def vanished_pools(self, refs: list[str], created: Iterable[int]) -> list[PoolGone]:
         return vanished(self.ctx, refs, self.spec.placement, created)
+
+    def unhealthy_pools(self, refs: list[str]) -> dict[int, str]:
+        return unhealthy(self.ctx, refs)
 
     def not_ready_nodes(self, names: Iterable[str | None]) -> frozenset[str]:
         return self.ctx.caches.not_ready_nodes(names)

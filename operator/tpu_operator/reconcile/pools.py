@@ -47,13 +47,20 @@ from tpu_operator.placement.pools import (
     Request,
     allocate,
     choose_machine,
+    pool_unhealthy,
     pools_from_nodes,
     provisions,
     resolve_claim,
     vanished_pools,
     with_default,
 )
-from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_of, claim_ref, claim_value
+from tpu_operator.placement.provisioning import (
+    SLICE_POOL_LABEL,
+    claim_of,
+    claim_ref,
+    claim_value,
+    is_claim,
+)
 from tpu_operator.reconcile.context import Context
 from tpu_operator.runtime.ownership import slice_job_name
 from tpu_operator.state.views import PodView
@@ -313,3 +320,16 @@ def vanished(
         ),
         created=frozenset(created),
     )
+
+
+def unhealthy(ctx: Context, refs: list[str]) -> dict[int, str]:
+    """A job's recorded pools (``refs``, by slice index) that have nodes but are unhealthy,
+    and why (``placement/pools.pool_unhealthy``); claims and vanished pools are not."""
+    pools = tpu_pools(ctx)
+    found: dict[int, str] = {}
+    for index, ref in enumerate(refs):
+        pool = pools.get(ref) if ref and not is_claim(ref) else None
+        why = pool_unhealthy(pool) if pool is not None and pool.nodes else None
+        if why:
+            found[index] = why
+    return found

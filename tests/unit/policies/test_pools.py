@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.policies.world import World, facts, plan_of, reasons
-from tpu_operator.placement.pools import PoolGone
+from tpu_operator.placement.pools import Allocation, PoolGone
 from tpu_operator.policies import pools
 
 pytestmark = pytest.mark.unit
@@ -37,3 +37,44 @@ def test_vanished_and_created_pools(recorded, world, created, after, events):
     assert plan.pools_gone == [
         g.message for g in world.gone if g.index not in created or not g.reclaim
     ]
+
+
+BROKEN = "p1 has 1 of its 2 VMs not ready or cordoned"
+
+
+@pytest.mark.parametrize(
+    ("unhealthy", "recreated", "allocation", "placement", "after", "moved"),
+    [
+        # The recreated slice's pool is unhealthy: it moves to the free pool found.
+        ({1: BROKEN}, [1], ["p0", "spare"], None, ["p0", "spare"], "moved to node pool spare"),
+        # Healthy pools, or an unhealthy one of a slice that is not recreated: no move.
+        ({}, [1], ["p0", "spare"], None, ["p0", "p1"], None),
+        ({1: BROKEN}, [0], ["p0", "spare"], None, ["p0", "p1"], None),
+        # No free healthy pool: the slice stays and says it waits for the repair.
+        ({1: BROKEN}, [1], None, None, ["p0", "p1"], "wait for the repair"),
+        # Pools the user pinned are never moved.
+        ({1: BROKEN}, [1], ["p0", "spare"], {"nodePools": ["p0", "p1"]}, ["p0", "p1"], None),
+    ],
+)
+def test_a_recreated_slice_leaves_an_unhealthy_pool(
+    unhealthy, recreated, allocation, placement, after, moved
+):
+    fields = {"numSlices": 2} | ({"placement": placement} if placement else {})
+    job = facts(recorded={"attempt": 2, "nodePools": ["p0", "p1"]}, **fields)
+    plan = plan_of(job)
+    world = World(
+        unhealthy=unhealthy,
+        allocation=Allocation(allocation, "no free pool" if allocation is None else ""),
+    )
+    pools.move_from_unhealthy(job, plan, world, recreated)
+    assert plan.status.node_pools == after
+    if moved is None:
+        assert reasons(plan) == [] and world.allocated == []
+        return
+    ((_, reason, message),) = plan.events
+    assert reason == "NodePoolUnhealthy" and moved in message and BROKEN in message
+    # Every other slice keeps its pool (pinned in the request); the broken one may not
+    # ask GKE for a new pool here.
+    (requests,) = world.allocated
+    assert [r.pinned for r in requests] == ["p0", None]
+    assert requests[1].provision is False

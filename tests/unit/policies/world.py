@@ -48,6 +48,7 @@ class World:
     resolved: dict[int, str] = field(default_factory=dict)
     still_provisioning: list[str] = field(default_factory=list)
     not_ready: frozenset[str] = frozenset()
+    unhealthy: dict[int, str] = field(default_factory=dict)
     noticed: dict[str, str] = field(default_factory=dict)
     on_node: dict[str, list[PodView]] = field(default_factory=dict)
     others: list[PodView] = field(default_factory=list)
@@ -73,6 +74,9 @@ class World:
     def vanished_pools(self, refs: list[str], created: Iterable[int]) -> list[PoolGone]:
         done = set(created)
         return [g for g in self.gone if not (g.reclaim and g.index in done)]
+
+    def unhealthy_pools(self, refs: list[str]) -> dict[int, str]:
+        return {i: why for i, why in self.unhealthy.items() if i < len(refs)}
 
     def not_ready_nodes(self, names: Iterable[str | None]) -> frozenset[str]:
         return frozenset(n for n in names if n in self.not_ready)
