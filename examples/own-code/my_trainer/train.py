@@ -77,9 +77,10 @@ def save(directory: Path, step: int, params: dict[str, jax.Array]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step_{step:08d}.npz"
     partial = directory / f".{final.name}.tmp"
-    arrays = {name: np.asarray(value.addressable_data(0)) for name, value in params.items()}
+    arrays: dict[str, Any] = {n: np.asarray(v.addressable_data(0)) for n, v in params.items()}
+    arrays["step"] = np.int64(step)
     with open(partial, "wb") as out:
-        np.savez(out, step=np.int64(step), **arrays)
+        np.savez(out, **arrays)
         out.flush()
         os.fsync(out.fileno())
     partial.replace(final)
