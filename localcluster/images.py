@@ -99,6 +99,24 @@ TESTED_WORKER = WORKER
 TESTED = (OPERATOR, TESTED_WORKER)
 
 
+@dataclass(frozen=True)
+class DerivedSpec:
+    """A user's image built FROM one of the product's images, from a directory of its own
+    (its Dockerfile takes the base image's reference as a build argument)."""
+
+    name: str
+    context: str  # the build context under the repository, holding the Dockerfile
+    base: ImageSpec
+    base_arg: str
+
+    def tag(self, digest: str) -> str:
+        return f"localhost/{self.name}:{digest}"
+
+
+# examples/own-code: a training package added to the worker image, run by `tpu-worker run -m`.
+OWN_CODE = DerivedSpec("tpu-own-code", "examples/own-code", TESTED_WORKER, "WORKER_IMAGE")
+
+
 # --- pure parts: inputs, base images, run arguments ---------------------------------------
 
 
@@ -124,6 +142,18 @@ def image_digest(spec: ImageSpec, base_id: str, repo: Path = REPO) -> str:
     digest = hashlib.sha256()
     digest.update(sources_digest(repo, extra=(spec.dockerfile, ".dockerignore")).encode())
     digest.update(json.dumps([spec.dockerfile, spec.build_args, base_id]).encode())
+    return digest.hexdigest()[:12]
+
+
+def derived_digest(spec: DerivedSpec, base_id: str, repo: Path = REPO) -> str:
+    """The key of a derived image: its build context (the Dockerfile in it) and its base."""
+    digest = hashlib.sha256()
+    top = repo / spec.context
+    for path in sorted(top.rglob("*")):
+        relative = path.relative_to(top)
+        if path.is_file() and not any(part in SKIPPED_PARTS for part in relative.parts):
+            digest.update(str(relative).encode() + b"\0" + path.read_bytes())
+    digest.update(json.dumps([spec.base_arg, base_id]).encode())
     return digest.hexdigest()[:12]
 
 
@@ -564,32 +594,53 @@ def ensure(spec: ImageSpec, repo: Path = REPO) -> ImageConfig:
     if inspect(tag) is None:
         with store_lock():
             if inspect(tag) is None:
-                _build(spec, tag, digest, repo)
+                _build(spec.name, tag, digest, repo / spec.dockerfile, repo, spec.build_args)
     return image_config(tag)
 
 
-def _build(spec: ImageSpec, tag: str, digest: str, repo: Path) -> None:
-    log(f"building {tag} from {spec.dockerfile} with buildah (chroot isolation, vfs storage)")
+def ensure_derived(spec: DerivedSpec, repo: Path = REPO) -> ImageConfig:
+    """The image of ``spec`` built FROM this checkout's build of its base, or the cached one."""
+    base = ensure(spec.base, repo)
+    digest = derived_digest(spec, base.image_id, repo)
+    tag = spec.tag(digest)
+    if inspect(tag) is None:
+        with store_lock():
+            if inspect(tag) is None:
+                context = repo / spec.context
+                arguments = ((spec.base_arg, base.reference),)
+                _build(spec.name, tag, digest, context / "Dockerfile", context, arguments)
+    return image_config(tag)
+
+
+def _build(
+    name: str,
+    tag: str,
+    digest: str,
+    dockerfile: Path,
+    context: Path,
+    build_args: Sequence[tuple[str, str]],
+) -> None:
+    log(f"building {tag} from {dockerfile} with buildah (chroot isolation, vfs storage)")
     started = time.monotonic()
     command = [
         *buildah_command(),
         "build",
         "--isolation=chroot",
         "--pull=never",
-        f"--file={repo / spec.dockerfile}",
+        f"--file={dockerfile}",
         f"--tag={tag}",
         f"--label={LABEL_INPUTS}={digest}",
-        *(f"--build-arg={key}={value}" for key, value in spec.build_args),
+        *(f"--build-arg={key}={value}" for key, value in build_args),
         *build_trust_mounts(),
-        str(repo),
+        str(context),
     ]
-    _run(command, f"buildah build of {spec.name}", f"build-{spec.name}")
+    _run(command, f"buildah build of {name}", f"build-{name}")
     config = image_config(tag)
     log(
         f"built {tag} in {time.monotonic() - started:.0f} s: "
         f"{config.size / 1e6:.0f} MB, {config.layers} layers"
     )
-    _prune(spec)
+    _prune(name)
 
 
 def build_trust_mounts() -> list[str]:
@@ -608,11 +659,9 @@ def build_trust_mounts() -> list[str]:
     return [f"--volume={bundle}:{bundle}:ro", f"--volume={pip_conf}:/etc/pip.conf:ro"]
 
 
-def _prune(spec: ImageSpec) -> None:
+def _prune(name: str) -> None:
     """Keep the newest KEEP_IMAGES images of a name; the store would grow with every change."""
-    result = podman(
-        "images", "--format=json", f"--filter=reference=localhost/{spec.name}", check=False
-    )
+    result = podman("images", "--format=json", f"--filter=reference=localhost/{name}", check=False)
     if result.returncode != 0 or not result.stdout.strip():
         return
     images = sorted(json.loads(result.stdout), key=lambda i: i.get("Created", 0), reverse=True)

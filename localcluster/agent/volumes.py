@@ -17,10 +17,18 @@ prepared again until they can be. Every pod's ``kube-api-access-*`` volume names
 moment after (or before) its default ServiceAccount: a pod created in between must wait
 for it, not fail.
 
-Other types (persistentVolumeClaim, csi, ...) fail the pod with
-``CreateContainerConfigError``. ``readOnly`` is not enforced. A mount point that does not
-exist on the machine is created there as an empty directory (or file) before the bind
-mount: mount namespaces isolate mounts, not the file system.
+A ``persistentVolumeClaim`` is mounted as the kubelet mounts a claim: the directory of the
+PersistentVolume the controller-manager bound it to, which must be a ``hostPath`` or
+``local`` volume (every node of the local cluster is this machine, so every pod of a
+ReadWriteMany claim sees the same files). A claim that does not exist or is not bound yet
+keeps the pod Pending, as a missing ConfigMap does; a claim bound to another type of
+volume fails the pod. ``fsGroup`` and ownership changes are not applied (the processes run
+as the agent's user).
+
+Other types (csi, nfs, ...) fail the pod with ``CreateContainerConfigError``. ``readOnly``
+is not enforced. A mount point that does not exist on the machine is created there as an
+empty directory (or file) before the bind mount: mount namespaces isolate mounts, not the
+file system.
 """
 
 from __future__ import annotations
@@ -38,6 +46,22 @@ from localcluster.agent.envvars import UnsupportedEnv, field_value
 from localcluster.agent.kube import Kube
 
 log = logging.getLogger(__name__)
+
+
+# PersistentVolume spec fields other than its volume source.
+_PERSISTENT_VOLUME_FIELDS = frozenset(
+    {
+        "accessModes",
+        "capacity",
+        "claimRef",
+        "mountOptions",
+        "nodeAffinity",
+        "persistentVolumeReclaimPolicy",
+        "storageClassName",
+        "volumeAttributesClassName",
+        "volumeMode",
+    }
+)
 
 
 class UnsupportedVolume(UnsupportedEnv):
@@ -67,6 +91,9 @@ class Volumes:
             if "hostPath" in volume:
                 paths[name] = _host_path(name, volume["hostPath"])
                 continue
+            if "persistentVolumeClaim" in volume:
+                paths[name] = await self._claim(pod, name, volume["persistentVolumeClaim"])
+                continue
             target = directory / "volumes" / name
             target.mkdir(parents=True, exist_ok=True)
             if "emptyDir" in volume:
@@ -84,7 +111,8 @@ class Volumes:
                 kind = next((k for k in volume if k != "name"), "unknown")
                 raise UnsupportedVolume(
                     f"volume {name!r} is of type {kind}, which the local node agent does not "
-                    "support (emptyDir, hostPath, configMap, secret, downwardAPI, projected)"
+                    "support (emptyDir, hostPath, persistentVolumeClaim of a hostPath or local "
+                    "PersistentVolume, configMap, secret, downwardAPI, projected)"
                 )
             paths[name] = target
         return paths
@@ -116,6 +144,33 @@ class Volumes:
         else:
             kind = next(iter(source), "unknown")
             raise UnsupportedVolume(f"projected source {kind} is not supported")
+
+    async def _claim(self, pod: Mapping[str, Any], name: str, source: Mapping[str, Any]) -> Path:
+        """The directory of the PersistentVolume a claim is bound to."""
+        namespace, claim = pod["metadata"]["namespace"], source["claimName"]
+        status, body = await self._request(
+            "GET", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}"
+        )
+        if status == 404:
+            raise VolumeNotReady(f'persistentvolumeclaim "{claim}" not found')
+        if status >= 300:
+            raise UnsupportedVolume(f"persistentVolumeClaim {claim!r}: HTTP {status}")
+        bound = (body.get("spec") or {}).get("volumeName")
+        if (body.get("status") or {}).get("phase") != "Bound" or not bound:
+            raise VolumeNotReady(f'persistentvolumeclaim "{claim}" is not bound')
+        status, volume = await self._request("GET", f"/api/v1/persistentvolumes/{bound}")
+        if status >= 300:
+            raise VolumeNotReady(f'persistentvolume "{bound}" of claim "{claim}": HTTP {status}')
+        spec = volume.get("spec") or {}
+        if "hostPath" in spec:
+            return _host_path(name, spec["hostPath"])
+        if "local" in spec:
+            return _host_path(name, {"path": spec["local"]["path"], "type": "Directory"})
+        kind = next((k for k in spec if k not in _PERSISTENT_VOLUME_FIELDS), "unknown")
+        raise UnsupportedVolume(
+            f"volume {name!r}: claim {claim!r} is bound to persistentvolume {bound!r} of type "
+            f"{kind}, which the local node agent cannot mount (hostPath, local)"
+        )
 
     async def _token(
         self, pod: Mapping[str, Any], projection: Mapping[str, Any], target: Path

@@ -429,14 +429,24 @@ def test_every_example_is_accepted_placed_and_wired(cluster, release, namespace,
         Pool(name="ex-v5p-a", vms=32, accelerator="tpu-v5p-slice", topology="4x4x8"),
         Pool(name="ex-v5p-b", vms=32, accelerator="tpu-v5p-slice", topology="4x4x8"),
         Pool(name="ex-v6e", vms=4, accelerator="tpu-v6e-slice", topology="4x4"),
+        Pool(name="ex-v6e-b", vms=4, accelerator="tpu-v6e-slice", topology="4x4"),
     ]
     for pool in pools:
         cluster.agent.add_pool(pool)
     try:
+        # The ServiceAccount the pods of the Cloud Storage examples run as.
+        [account] = [
+            d
+            for d in yaml.safe_load_all((EXAMPLES / "checkpoints-gcsfuse.yaml").read_text())
+            if d["kind"] == "ServiceAccount"
+        ]
+        account["metadata"]["namespace"] = namespace
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(account))
         expected = {
             "v5e-single-slice.yaml": ("TPUJob", "v5e-train", 4),
             "v5p-multislice.yaml": ("TPUJob", "v5p-multislice", 64),
             "tpuslice-standalone.yaml": ("TPUSlice", "v6e-interactive", 4),
+            "v6e-jax.yaml": ("TPUJob", "v6e-jax", 4),
         }
         for file, (kind, name, workers) in expected.items():
             manifest = load(EXAMPLES / file)
@@ -479,7 +489,11 @@ def test_every_example_is_accepted_placed_and_wired(cluster, release, namespace,
         interactive = next(
             s for s in tpu.slices(namespace) if s["metadata"]["name"] == "v6e-interactive"
         )
-        assert interactive["status"]["nodePool"] == "ex-v6e"
+        v6e_pools = {
+            interactive["status"]["nodePool"],
+            *tpu.status(namespace, "v6e-jax")["nodePools"],
+        }
+        assert v6e_pools == {"ex-v6e", "ex-v6e-b"}  # a v6e-16 pool each
         local = demo_manifest(namespace)
         result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(local))
         assert "created (server dry run)" in result.stdout

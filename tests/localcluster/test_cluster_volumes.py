@@ -1,8 +1,11 @@
-"""ServiceAccount tokens and volumes: a pod's process talks to the API as its ServiceAccount."""
+"""ServiceAccount tokens and volumes: a pod's process talks to the API as its ServiceAccount;
+the pods of a claim bound to a hostPath volume share its files."""
 
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,3 +99,88 @@ def test_pod_authenticates_as_its_service_account_with_volumes(
     assert "config hi" in log
     scratch = cluster.pods_dir / namespace / "in-cluster" / "volumes" / "scratch" / "note"
     assert scratch.read_text() == "written", "emptyDir is the pod's directory on the machine"
+
+
+def persistent_volume(name: str, source: dict[str, Any], storage_class: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": storage_class,
+            **source,
+        },
+    }
+
+
+def claim(name: str, storage_class: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": storage_class,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+
+
+def test_pods_of_a_claim_bound_to_a_host_path_volume_share_its_files(
+    api: SyncApi, cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    ns = f"/api/v1/namespaces/{namespace}"
+    shared = tmp_path / "shared"
+    # A storage class name of this test's own: the controller-manager binds the claim to
+    # this volume and no other.
+    volumes = {
+        "files": persistent_volume(
+            f"{namespace}-files", {"hostPath": {"path": str(shared), "type": ""}}, namespace
+        ),
+        "nfs": persistent_volume(
+            f"{namespace}-nfs", {"nfs": {"server": "nfs.example", "path": "/"}}, f"{namespace}-n"
+        ),
+    }
+    try:
+        for volume in volumes.values():
+            api.call("POST", "/api/v1/persistentvolumes", volume)
+        api.call("POST", f"{ns}/persistentvolumeclaims", claim("files", namespace))
+        api.call("POST", f"{ns}/persistentvolumeclaims", claim("nfs", f"{namespace}-n"))
+        for name in ("one", "two"):
+            manifest = pod(
+                name,
+                ["sh", "-c", f"echo {name} > /tmp/lc-claim-test/{name}"],
+                spec={
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "files"}}]
+                },
+                container={"volumeMounts": [{"name": "data", "mountPath": "/tmp/lc-claim-test"}]},
+            )
+            api.call("POST", f"{ns}/pods", manifest)
+        manifest = pod(
+            "remote",
+            ["true"],
+            spec={"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "nfs"}}]},
+        )
+        api.call("POST", f"{ns}/pods", manifest)
+
+        def finished(name: str) -> dict[str, Any] | None:
+            current = api.get(f"{ns}/pods/{name}")
+            return current if current["status"].get("phase") in ("Succeeded", "Failed") else None
+
+        for name in ("one", "two"):
+            done = wait_until(lambda n=name: finished(n), timeout=90, message=f"pod {name}")
+            assert done["status"]["phase"] == "Succeeded", done["status"]
+        # Both wrote to the volume's directory on this machine, not to the pods' own.
+        assert sorted(p.name for p in shared.iterdir()) == ["one", "two"]
+        assert (shared / "two").read_text() == "two\n"
+        assert api.get(f"{ns}/persistentvolumeclaims/files")["spec"]["volumeName"] == (
+            f"{namespace}-files"
+        )
+        failed = wait_until(lambda: finished("remote"), timeout=90, message="pod remote")
+        assert failed["status"]["phase"] == "Failed"
+        terminated = failed["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert terminated["reason"] == "CreateContainerConfigError"
+        assert f"bound to persistentvolume '{namespace}-nfs' of type nfs" in terminated["message"]
+    finally:
+        api.request("DELETE", f"{ns}/pods?gracePeriodSeconds=0")
+        for volume in volumes.values():
+            api.request("DELETE", f"/api/v1/persistentvolumes/{volume['metadata']['name']}")

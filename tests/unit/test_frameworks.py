@@ -28,9 +28,25 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TORCH_XLA_ACCELERATOR_TYPE = re.compile(r"^(?:v|tpu)(\d)([A-Za-z]?){7}-(\d+)$")
 
 
+def workloads(path: Path) -> list[dict[str, Any]]:
+    """The TPUJob and TPUSlice documents of an example file (which may hold other objects)."""
+    return [
+        d
+        for d in yaml.safe_load_all(path.read_text())
+        if d and d.get("kind") in (contract.JOB_KIND, contract.SLICE_KIND)
+    ]
+
+
 def manifest(name: str) -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load((EXAMPLES / name).read_text())
-    return loaded
+    [body] = workloads(EXAMPLES / name)
+    return body
+
+
+WORKLOADS = [
+    (f"{path.relative_to(EXAMPLES)}:{body['metadata']['name']}", body)
+    for path in sorted(EXAMPLES.rglob("*.yaml"))
+    for body in workloads(path)
+]
 
 
 def pods(body: dict[str, Any]) -> list[tuple[PodWiring, dict[str, Any]]]:
@@ -83,9 +99,8 @@ def script(pod: dict[str, Any]) -> str:
     return "\n".join(worker.get("command", []) + worker.get("args", []))
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
-def test_every_example_reads_and_builds(name):
-    body = manifest(name)
+@pytest.mark.parametrize("body", [b for _, b in WORKLOADS], ids=[i for i, _ in WORKLOADS])
+def test_every_example_reads_and_builds(body):
     assert body["apiVersion"] == contract.API_VERSION
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", body["metadata"]["name"])
     containers = body["spec"]["template"]["spec"]["containers"]
@@ -160,3 +175,20 @@ def test_ironwood_example_gets_process_addresses_per_slice():
         assert env[contract.ENV_TPU_PROCESS_PORT] == str(contract.DEFAULT_TPU_PROCESS_PORT)
         assert env[contract.ENV_MEGASCALE_SLICE_ID] == str(wiring.slice_index)
         assert env[contract.ENV_JAX_COORDINATOR_ADDRESS] == "ironwood-0-0.ironwood:8482"
+
+
+def test_v6e_jax_example_runs_one_process_per_vm_of_a_v6e_16():
+    built = pods(manifest("v6e-jax.yaml"))
+    assert len(built) == 4  # 4x4: four ct6e-standard-4t VMs of 4 chips
+    for wiring, pod in built:
+        env = worker_env(pod)
+        assert env[contract.ENV_TPU_ACCELERATOR_TYPE] == "v6e-16"
+        assert env[contract.ENV_TPU_TOPOLOGY] == "4x4"
+        assert env[contract.ENV_NUM_PROCESSES] == "4"
+        assert env[contract.ENV_PROCESS_ID] == str(wiring.worker_index)
+        selector = pod["spec"]["nodeSelector"]
+        assert selector[contract.NODE_LABEL_ACCELERATOR] == "tpu-v6e-slice"
+        assert selector[contract.NODE_LABEL_TOPOLOGY] == "4x4"
+        worker = pod["spec"]["containers"][0]
+        assert worker["resources"]["limits"][contract.TPU_RESOURCE] == "4"
+        assert worker["command"] == ["tpu-worker", "demo"]

@@ -102,6 +102,23 @@ def test_an_image_is_rebuilt_when_an_input_changes_and_only_then(tmp_path):
     assert images.image_digest(images.OPERATOR, "sha256:base", repo) != second
 
 
+def test_a_derived_image_is_keyed_by_its_own_directory_and_its_base(tmp_path):
+    spec = images.OWN_CODE
+    context = tmp_path / spec.context
+    shutil.copytree(REPO / spec.context, context, ignore=shutil.ignore_patterns("__pycache__"))
+    first = images.derived_digest(spec, "sha256:worker", tmp_path)
+    (context / "my_trainer" / "__pycache__").mkdir()
+    (context / "my_trainer" / "__pycache__" / "train.pyc").write_bytes(b"x")
+    assert images.derived_digest(spec, "sha256:worker", tmp_path) == first
+    assert images.derived_digest(spec, "sha256:rebuilt-worker", tmp_path) != first
+    (context / "my_trainer" / "train.py").write_text("# changed\n")
+    assert images.derived_digest(spec, "sha256:worker", tmp_path) != first
+    # Its Dockerfile starts from the image its build argument names.
+    dockerfile = (context / "Dockerfile").read_text()
+    assert images.base_images(dockerfile) == [f"${{{spec.base_arg}}}"]
+    assert re.search(rf"(?m)^ARG {spec.base_arg}=ghcr.io/tpu-operator/tpu-worker:", dockerfile)
+
+
 INSPECT = {
     "Id": "sha256:1234",
     "Size": 369_000_000,
