@@ -13,6 +13,7 @@ of the number a change bumps is in docs/contributing/release.md.
     python3 scripts/release.py check-tag vX.Y.Z # the release workflow's gate (below)
     python3 scripts/release.py check-bump vA.B.C [--crds-changed]
     python3 scripts/release.py notes X.Y.Z      # CHANGELOG.md's section for X.Y.Z
+    python3 scripts/release.py helm             # path of the helm the tests use (built if missing)
 
 The standard library only: the release workflow runs it before anything is installed.
 """
@@ -20,6 +21,7 @@ The standard library only: the release workflow runs it before anything is insta
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import sys
 from dataclasses import dataclass
@@ -252,6 +254,19 @@ def notes(release: str, changelog: str) -> str:
     )
 
 
+def helm() -> Path:
+    """The helm binary the test suite uses: the pinned version, built from its Go module
+    with the same flags (``localcluster/binaries.py``, standard library only, loaded
+    without the rest of ``localcluster``), cached in ~/.cache/tpu-operator/bin."""
+    spec = importlib.util.spec_from_file_location("binaries", REPO / "localcluster" / "binaries.py")
+    assert spec and spec.loader
+    binaries = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("binaries", binaries)
+    spec.loader.exec_module(binaries)
+    path: Path = binaries.ensure(binaries.HELM)["helm"]
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/release.py", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -265,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     bump.add_argument("--crds-changed", action="store_true")
     notes_ = commands.add_parser("notes", help="CHANGELOG.md's section for a version")
     notes_.add_argument("version")
+    commands.add_parser("helm", help="path of the helm the tests use, built if missing")
     args = parser.parse_args(argv)
     try:
         if args.command == "version":
@@ -277,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             print(check_tag(args.tag))
         elif args.command == "check-bump":
             check_bump(args.previous_tag, version(), crds_changed=args.crds_changed)
+        elif args.command == "helm":
+            print(helm())
         else:
             sys.stdout.write(notes(args.version, (REPO / CHANGELOG).read_text()))
     except ReleaseError as error:

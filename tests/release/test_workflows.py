@@ -171,6 +171,10 @@ def test_the_chart_goes_to_the_registry_the_readme_installs_from():
     workflow = _workflow("release.yaml")
     assert workflow["env"]["REGISTRY"] == release.REGISTRY
     chart = _runs(workflow["jobs"]["chart"])
+    # The helm the tests use, built with the same flags (its default Kubernetes version
+    # decides whether `helm lint` accepts the chart's kubeVersion).
+    assert "$(python3 scripts/release.py helm)" in chart
+    assert "helm lint --strict charts/tpu-operator" in chart
     assert "helm package charts/tpu-operator --destination dist" in chart
     assert 'helm push "dist/tpu-operator-$VERSION.tgz" "oci://$REGISTRY/charts"' in chart
     assert 'cosign sign --yes "$REGISTRY/charts/tpu-operator@$DIGEST"' in chart
@@ -239,6 +243,8 @@ def test_the_workflows_pass_actionlint_and_shellcheck(tmp_path: Path):
 @pytest.mark.integration
 def test_the_chart_packages_as_the_release_pushes_it(tmp_path: Path):
     helm = str(binaries.ensure(binaries.HELM)["helm"])
+    # The release workflow's way to the same binary.
+    assert str(release.helm()) == helm
     version = release.version()
 
     def run(*args: str) -> str:
