@@ -67,6 +67,9 @@ class Component:
             for package in ("pkg/chartutil", "pkg/lint/rules"):
                 flags.append(f"-X helm.sh/helm/v3/{package}.k8sVersionMajor=1")
                 flags.append(f"-X helm.sh/helm/v3/{package}.k8sVersionMinor={minor}")
+        elif self.name == "actionlint":
+            # The variable actionlint's release builds set (.goreleaser.yaml, ldflags).
+            flags.append(f"-X github.com/rhysd/actionlint.version={self.version}")
         elif self.name == "kueue":
             # The variable set by Kueue's own Makefile (LD_FLAGS, version_pkg).
             flags.append(f"-X sigs.k8s.io/kueue/pkg/version.GitVersion={self.version}")
@@ -96,6 +99,14 @@ HELM = Component(
     pinned_module="helm.sh/helm/v3",
     commands={"helm": "helm.sh/helm/v3/cmd/helm"},
 )
+ACTIONLINT = Component(
+    name="actionlint",
+    module_dir=GOBUILD_DIR / "actionlint",
+    pinned_module="github.com/rhysd/actionlint",
+    commands={"actionlint": "github.com/rhysd/actionlint/cmd/actionlint"},
+)
+"""The GitHub Actions workflow linter, built when the test of ``.github/workflows/`` runs
+(``tests/release/test_workflows.py``)."""
 KUEUE = Component(
     name="kueue",
     module_dir=GOBUILD_DIR / "kueue",

@@ -239,6 +239,8 @@ EXTERNAL_FLAGS = {
     "--create-namespace",
     "--reuse-values",
     "--api-versions",
+    "--version",
+    "--strict",
     # kubectl
     "--type",
     "--server-side",
@@ -265,8 +267,12 @@ EXTERNAL_FLAGS = {
     "--reservation",
     "--placement-policy",
     "--enable-managed-prometheus",
-    # docker
+    # docker, docker buildx, cosign (contributing/release.md)
     "--build-arg",
+    "--sbom",
+    "--provenance",
+    "--certificate-identity",
+    "--certificate-oidc-issuer",
     # pip, go, uv
     "--require-hashes",
     "--no-deps",
