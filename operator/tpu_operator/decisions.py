@@ -169,6 +169,7 @@ def restart_kind(
     hosts: int,
     not_ready_nodes: frozenset[str] = frozenset(),
     refused: str | None = None,
+    worn: Mapping[int, str] | None = None,
 ) -> RestartChoice:
     """How to restart after ``failure`` ended the attempt whose pods are ``pods``.
 
@@ -178,7 +179,8 @@ def restart_kind(
     ``InPlace``; some: ``Mixed`` (a failure confined to some slices costs only their
     pods); none: ``Recreate``. Unsupervised pods, and every failure of an in-place
     restart itself, recreate every pod. ``refused``: why the operator does not supervise
-    pods that could be (builders/supervision.py, ``supervision_refused``).
+    pods that could be (builders/supervision.py, ``supervision_refused``). ``worn``: slices
+    to recreate whatever their pods show (failures repeating on their node pool), and why.
     """
     if not supervised:
         if refused:
@@ -191,6 +193,8 @@ def restart_kind(
             RestartKind.RECREATE, f"the in-place restart failed ({failure.reason})"
         )
     unfit = unfit_slices(pods, num_slices, hosts, not_ready_nodes)
+    for index, why in (worn or {}).items():
+        unfit.setdefault(index, why)
     if failure.reason not in _IN_PLACE_CAUSES:
         # A pod or node is gone: its slice is recreated, whatever its pods show yet (a
         # pod gone altogether shows as one missing).

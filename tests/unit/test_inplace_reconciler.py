@@ -632,3 +632,60 @@ def test_a_pod_lost_in_one_slice_recreates_that_slice_and_restarts_the_other_in_
     status = cluster.job("j")["status"]
     assert status["phase"] == "Running" and status["attempt"] == 2
     assert {n: p["metadata"]["uid"] for n, p in cluster.pods("j").items() if n in kept} == kept
+
+
+def test_a_slice_that_keeps_failing_on_its_pool_is_recreated_on_another():
+    cluster, channel = supervised_cluster()
+    cluster.add_pool("p1", *V5P, hosts=2)
+    cluster.add_pool("p2", *V5P, hosts=2)
+    cluster.apply_job(
+        "j",
+        {**job_spec(maxRestarts=10, maxSliceFailuresPerPool=2), "numSlices": 2},
+    )
+    cluster.settle()
+    start_processes(cluster, channel, 1)
+    cluster.settle()
+    pools = cluster.job("j")["status"]["nodePools"]
+    cluster.add_pool("p3", *V5P, hosts=2)  # free from now on
+    uids = {n: p["metadata"]["uid"] for n, p in cluster.pods("j").items()}
+    # Slice 1's worker fails once: an in-place restart, counted on its slice.
+    process_exits(cluster, channel, "j-1-0", 1)
+    cluster.settle()
+    for pod in cluster.pods("j").values():
+        set_ready(cluster, pod, True)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["phase"], status["attempt"], status["restartKind"]) == (
+        "Running",
+        2,
+        "InPlace",
+    )
+    assert [(s["failures"], s["poolFailures"]) for s in status["slices"]] == [(0, 0), (1, 1)]
+    # Twice on the same pool: the next restart recreates slice 1 on the free pool.
+    process_exits(cluster, channel, "j-1-1", 1)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["restartKind"], status["recreatedSlices"]) == (
+        3,
+        "Mixed",
+        [1],
+    )
+    assert status["nodePools"] == [pools[0], "p3"]
+    moved = [m for n, _, r, m in cluster.recorded.events if r == "NodePoolUnhealthy"]
+    assert moved == [
+        f"slice 1: its workers failed 2 times on node pool {pools[1]} "
+        "(failurePolicy.maxSliceFailuresPerPool: 2); moved to node pool p3"
+    ]
+    cluster.confirm_deletions()
+    cluster.settle()
+    fresh = {n: p for n, p in cluster.pods("j").items() if n.startswith("j-1-")}
+    assert {p["spec"]["nodeSelector"][contract.NODE_LABEL_NODEPOOL] for p in fresh.values()} == {
+        "p3"
+    }
+    kept = {n: u for n, u in uids.items() if n.startswith("j-0-")}
+    assert {n: cluster.pods("j")[n]["metadata"]["uid"] for n in kept} == kept
+    # On its new pool the slice's count starts again.
+    cluster.run_pods("j")
+    cluster.settle()
+    (summary,) = [s for s in cluster.job("j")["status"]["slices"] if s["index"] == 1]
+    assert (summary["failures"], summary["poolFailures"], summary["nodePool"]) == (2, 0, "p3")

@@ -92,6 +92,12 @@ class SliceSummary(ApiModel):
     workers: int
     ready_workers: int
     node_pool: str | None = None
+    failures: int = 0
+    """Attempts that ended with a failure of this slice's worker (lastFailure's pod)."""
+    pool_failures: int = 0
+    """Of those, the failures on the node pool it has now that its hosts may be to blame
+    for (a worker's exit, a stall, a lost node); a slice that moves starts again at 0
+    (failurePolicy.maxSliceFailuresPerPool)."""
 
 
 class QueueStatus(ApiModel):

@@ -53,6 +53,11 @@ class FailurePolicy(ApiModel):
     """Delay before the first restart; doubles with each further restart."""
     max_backoff_seconds: int = Field(default=300, ge=0, le=86400)
     """Upper bound of the restart delay."""
+    max_slice_failures_per_pool: int = Field(default=3, ge=0, le=1000)
+    """(TPUJobs) A slice whose workers failed this many times on the same node pool (a
+    worker's exit, a stall, a lost node) is recreated on another free pool of its shape
+    at its next restart: its hosts may be faulty in a way node health does not show. 0:
+    never moved for this. Counted per slice in status.slices[].poolFailures."""
     node_not_ready_timeout_seconds: int = Field(default=60, ge=0, le=3600)
     """How long a worker may sit on a NotReady or unreachable node before it is evicted
     and the gang restarts (the pods' NoExecute tolerationSeconds)."""

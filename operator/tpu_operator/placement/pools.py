@@ -108,6 +108,8 @@ class Request:
     job did not say; the operator's default decides, ``with_default``)."""
     claim: str | None = None
     """The slice-pool label value this slice's pods use when GKE creates its pool."""
+    leaves: str | None = None
+    """The pool the slice moves off (a free choice never takes it back)."""
 
 
 def provisions(setting: str | None, default: str) -> bool:
@@ -161,6 +163,8 @@ def _wrong_machine(pool: PoolView, shape: SliceShape) -> str | None:
 def _unfit(pool: PoolView, request: Request, held_by: str | None) -> str | None:
     """Why a pool of the right shape cannot take the slice, or None if it can."""
     shape = request.shape
+    if pool.name == request.leaves:
+        return f"{pool.name} is the pool the slice moves off"
     wrong = _wrong_machine(pool, shape)
     if wrong:
         return wrong

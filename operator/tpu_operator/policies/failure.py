@@ -43,6 +43,46 @@ def fail(facts: JobFacts, plan: Plan, reason: Reason, message: str, record: Fail
     stopped(plan)
 
 
+POOL_FAULTS = frozenset({Reason.WORKER_FAILED, Reason.STALLED, Reason.NODE_LOST})
+"""Failures a slice's hosts may be to blame for (``SliceSummary.poolFailures``); an
+eviction, a preemption or a deleted pod is not."""
+
+
+def failed_slice(facts: JobFacts, pod: str) -> int | None:
+    """The index of the slice whose worker ``pod`` is (a gone pod by its name)."""
+    for view in facts.pods:
+        if view.name == pod:
+            return view.slice_index
+    head, _, _ = pod.rpartition("-")
+    job, _, index = head.rpartition("-")
+    if job == facts.name and index.isdigit() and int(index) < facts.spec.num_slices:
+        return int(index)
+    return None
+
+
+def count_slice_failure(facts: JobFacts, plan: Plan, failure: WorkerFailure) -> dict[int, str]:
+    """Count ``failure`` on its slice (``status.slices``); the slices whose failures on
+    their node pool reached ``failurePolicy.maxSliceFailuresPerPool``, and why each (their
+    next restart recreates them on another pool)."""
+    index = failed_slice(facts, failure.pod) if failure.pod else None
+    summaries = {s.index: s for s in plan.status.slices}
+    summary = summaries.get(index) if index is not None else None
+    if summary is not None:
+        summary.failures += 1
+        summary.pool_failures += int(failure.reason in POOL_FAULTS)
+    limit = facts.policy.max_slice_failures_per_pool
+    if not limit:
+        return {}
+    return {
+        s.index: (
+            f"its workers failed {s.pool_failures} times on node pool {s.node_pool} "
+            f"(failurePolicy.maxSliceFailuresPerPool: {limit})"
+        )
+        for s in plan.status.slices
+        if s.pool_failures >= limit and s.node_pool
+    }
+
+
 def attempt_failed(
     facts: JobFacts, plan: Plan, world: World, failure: WorkerFailure, attempt: int
 ) -> None:
@@ -70,6 +110,7 @@ def attempt_failed(
         time=stamp(failed_at),
     )
     status.last_failure = record
+    worn = count_slice_failure(facts, plan, failure)
     if not decision.restart:
         fail(facts, plan, decision.reason, decision.message, record)
         return
@@ -88,6 +129,7 @@ def attempt_failed(
         num_slices=facts.spec.num_slices,
         hosts=facts.shape.hosts,
         not_ready_nodes=world.not_ready_nodes(p.node for p in pods),
+        worn=worn,
     )
     kind = choice.kind
     in_place = kind in IN_PLACE_KINDS
@@ -113,6 +155,6 @@ def attempt_failed(
     # new pools for those that vanished.
     pools.renew_vanished(facts, plan, world, status.attempt, facts.created_slices(status.attempt))
     recreated = range(facts.spec.num_slices) if kind == RestartKind.RECREATE else choice.recreate
-    pools.move_from_unhealthy(facts, plan, world, recreated)
+    pools.move_from_unhealthy(facts, plan, world, recreated, worn)
     if delay:
         plan.after(delay)

@@ -25,6 +25,7 @@ def summaries(facts: JobFacts, plan: Plan, state: GangState) -> None:
     status.workers = state.total
     status.ready_workers = state.ready
     status.ready = f"{state.ready}/{state.total}"
+    before = {s.index: s for s in status.slices}
     found = []
     ready_slices = 0
     for index in range(facts.spec.num_slices):
@@ -34,6 +35,8 @@ def summaries(facts: JobFacts, plan: Plan, state: GangState) -> None:
         total = count.total if count else facts.shape.hosts
         ready = count.ready if count else 0
         ready_slices += int(ready == total and total > 0)
+        pool = (body.get("spec") or {}).get("nodePool")
+        known = before.get(index)
         found.append(
             SliceSummary(
                 index=index,
@@ -41,7 +44,10 @@ def summaries(facts: JobFacts, plan: Plan, state: GangState) -> None:
                 phase=slice_status.get("phase", Phase.PENDING),
                 workers=total,
                 ready_workers=ready,
-                node_pool=(body.get("spec") or {}).get("nodePool"),
+                node_pool=pool,
+                failures=known.failures if known else 0,
+                # A slice that moved to another pool starts its count there again.
+                pool_failures=known.pool_failures if known and known.node_pool == pool else 0,
             )
         )
     status.slices = found

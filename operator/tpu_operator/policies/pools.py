@@ -11,7 +11,7 @@ pool of its shape at once, rather than waiting for the repair (``move_from_unhea
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from tpu_operator.api.status import Reason
@@ -58,21 +58,33 @@ def check(facts: JobFacts, plan: Plan, world: World) -> None:
     resolve_claims(plan, world)
 
 
-def move_from_unhealthy(facts: JobFacts, plan: Plan, world: World, slices: Iterable[int]) -> None:
-    """Move the ``slices`` a restart recreates off their unhealthy pools: each to a free
-    healthy pool of its shape (its spot and reservation as the job asks), all at once, the
-    job's other slices keeping theirs. With none free, or pools the user pinned, the
-    slices stay and their new pods wait for the repair; either way an event says so."""
+def move_from_unhealthy(
+    facts: JobFacts,
+    plan: Plan,
+    world: World,
+    slices: Iterable[int],
+    worn: Mapping[int, str] | None = None,
+) -> None:
+    """Move the ``slices`` a restart recreates off their unhealthy pools, and those
+    ``worn`` (failures repeating on their pool; why each): each to a free healthy pool of
+    its shape (its spot and reservation as the job asks), all at once, the job's other
+    slices keeping theirs. With none free, or pools the user pinned, the slices stay and
+    their new pods wait for the repair; either way an event says so."""
     refs = plan.status.node_pools or []
     placement = facts.spec.placement
     if not refs or (placement is not None and placement.node_pools):
         return
     wanted = set(slices)
-    broken = {i: why for i, why in world.unhealthy_pools(refs).items() if i in wanted}
+    broken = {
+        i: f"node pool {why}" for i, why in world.unhealthy_pools(refs).items() if i in wanted
+    }
+    for index, why in (worn or {}).items():
+        if index in wanted and index < len(refs) and not is_claim(refs[index]):
+            broken.setdefault(index, why)
     if not broken:
         return
     requests = [
-        replace(r, provision=False) if i in broken else replace(r, pinned=refs[i])
+        replace(r, provision=False, leaves=refs[i]) if i in broken else replace(r, pinned=refs[i])
         for i, r in enumerate(requests_for(facts.shape, placement, len(refs)))
     ]
     allocation = world.allocate(requests)
@@ -81,7 +93,7 @@ def move_from_unhealthy(facts: JobFacts, plan: Plan, world: World, slices: Itera
             plan.event(
                 "Warning",
                 Reason.NODE_POOL_UNHEALTHY,
-                f"slice {index}: node pool {why}; no free healthy node pool of its shape to "
+                f"slice {index}: {why}; no free healthy node pool of its shape to "
                 f"move to ({allocation.message}); its new pods wait for the repair",
             )
         return
@@ -91,6 +103,6 @@ def move_from_unhealthy(facts: JobFacts, plan: Plan, world: World, slices: Itera
         plan.event(
             "Warning",
             Reason.NODE_POOL_UNHEALTHY,
-            f"slice {index}: node pool {why}; moved to node pool {moved[index]}",
+            f"slice {index}: {why}; moved to node pool {moved[index]}",
         )
     plan.status.node_pools = moved

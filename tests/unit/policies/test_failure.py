@@ -77,3 +77,41 @@ def test_a_restart_renews_the_pools_that_vanished_for_its_pods():
     failure.attempt_failed(job, plan, world, failed(Reason.NODE_LOST, None), 1)
     assert plan.status.node_pools == ["auto:claim-0-2"]
     assert reasons(plan) == ["Restarting", "NodePoolGone"]
+
+
+@pytest.mark.parametrize(
+    ("reason", "pod", "limit", "counts", "worn"),
+    [
+        # A worker's exit on slice 1's pool: counted there; the second one wears it out.
+        (Reason.WORKER_FAILED, "j-1-0", 2, [(0, 0), (2, 2)], [1]),
+        (Reason.NODE_LOST, "j-1-1", 2, [(0, 0), (2, 2)], [1]),
+        # An eviction is not the pool's fault; a limit of 0 never moves a slice.
+        (Reason.EVICTED, "j-1-0", 2, [(0, 0), (2, 1)], []),
+        (Reason.WORKER_FAILED, "j-1-0", 0, [(0, 0), (2, 2)], []),
+        # A pod of slice 0 that is gone is still counted on its slice (by its name).
+        (Reason.POD_DELETED, "j-0-1", 2, [(1, 0), (1, 1)], []),
+    ],
+)
+def test_failures_are_counted_per_slice_and_pool(reason, pod, limit, counts, worn):
+    slices = [
+        {"index": 0, "name": "j-0", "phase": "Running", "workers": 2, "readyWorkers": 2},
+        {
+            "index": 1,
+            "name": "j-1",
+            "phase": "Running",
+            "workers": 2,
+            "readyWorkers": 2,
+            "nodePool": "p1",
+            "failures": 1,
+            "poolFailures": 1,
+        },
+    ]
+    job = facts(
+        recorded={"attempt": 1, "slices": slices},
+        numSlices=2,
+        failurePolicy={"maxSliceFailuresPerPool": limit},
+    )
+    plan = plan_of(job)
+    found = failure.count_slice_failure(job, plan, WorkerFailure(reason, "x", pod, None, 1, None))
+    assert [(s.failures, s.pool_failures) for s in plan.status.slices] == counts
+    assert sorted(found) == worn
