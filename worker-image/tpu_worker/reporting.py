@@ -67,10 +67,15 @@ def agreed_step(proposals: list[int], processes: int) -> int | None:
 class Reporter:
     """Records progress into ``WorkerMetrics`` and keeps what the watchdog needs."""
 
-    def __init__(self, worker_metrics: m.WorkerMetrics | None = None) -> None:
+    def __init__(
+        self,
+        worker_metrics: m.WorkerMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.metrics = worker_metrics or m.WorkerMetrics()
         self._phase_counters: dict[str, m.PhaseCounter] = {}
-        self._accountant = Accountant(self._add_phase_seconds, m.PHASE_STEP)
+        # ``clock`` times the phases and steps (tests pass a fake one).
+        self._accountant = Accountant(self._add_phase_seconds, m.PHASE_STEP, clock)
         # Until a median step is known (two steps), an open step interval shows nothing.
         self._accountant.limit_open_step(0.0)
         # Scrapes count the open phases' seconds so far (long phases advance as they run).
