@@ -869,12 +869,18 @@ def delete_batch(tpu: Api, namespace: str, pools: list[str], names: list[str], r
 # (g) a resumed job into a pool whose nodes cannot take its pods yet ------------------------
 
 
+HOLD = "example.com/hold"
+"""The key of a taint the worker pods do not tolerate."""
+
+
 def test_a_resumed_job_is_starting_until_its_new_pods_run(
     tpu, namespace, running_operator, tpu_pools
 ):
-    """Each attempt has its own runningSince: resumed into a pool whose nodes are cordoned,
-    the job stays Starting and says why its pods wait, and is Running only once the new
-    attempt's pods run; its goodput books the suspension as ``suspended``."""
+    """Each attempt has its own runningSince: resumed into a pool whose nodes the pods
+    cannot be scheduled on (a taint they do not tolerate; a cordoned pool would not be
+    given to the job at all), the job stays Starting and says why its pods wait, and is
+    Running only once the new attempt's pods run; its goodput books the suspension as
+    ``suspended``."""
     (pool,) = tpu_pools(1)
     cluster = tpu.cluster
     with StatusLog(tpu, namespace) as log:
@@ -891,7 +897,7 @@ def test_a_resumed_job_is_starting_until_its_new_pods_run(
         ).stdout.split()
         assert len(nodes) == 2, nodes
         for node in nodes:
-            cluster.kubectl("cordon", node)
+            cluster.kubectl("taint", "node", node.split("/")[-1], f"{HOLD}=true:NoSchedule")
         resumed_at = log.now()
         tpu.patch_job(namespace, "resumed", {"spec": {"suspend": False}})
         waiting = wait_until(
@@ -907,12 +913,12 @@ def test_a_resumed_job_is_starting_until_its_new_pods_run(
         )
         assert waiting["phase"] == "Starting", waiting
         assert "runningSince" not in waiting, waiting
-        assert "unschedulable" in waiting["message"], waiting["message"]
+        assert "untolerated taint" in waiting["message"], waiting["message"]
         scheduled = next(c for c in waiting["conditions"] if c["type"] == "PodsScheduled")
         assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")
         time.sleep(3)  # the job has had time to claim anything it wrongly would
         for node in nodes:
-            cluster.kubectl("uncordon", node)
+            cluster.kubectl("taint", "node", node.split("/")[-1], f"{HOLD}-")
         uncordoned_at = log.now()
         second = wait_running_on(tpu, namespace, "resumed", pool)
     assert second["attempt"] == 2
