@@ -39,6 +39,8 @@ class Component:
     module_dir: Path
     pinned_module: str
     commands: dict[str, str]  # binary name -> Go package path
+    data: tuple[str, ...] = ()
+    """Files of the pinned module (paths inside it) copied beside the binaries."""
 
     @property
     def version(self) -> str:
@@ -73,6 +75,12 @@ class Component:
         elif self.name == "kueue":
             # The variable set by Kueue's own Makefile (LD_FLAGS, version_pkg).
             flags.append(f"-X sigs.k8s.io/kueue/pkg/version.GitVersion={self.version}")
+        elif self.name == "chart-testing":
+            # The variable set by chart-testing's release build (.goreleaser.yml).
+            flags.append(f"-X github.com/helm/chart-testing/v3/ct/cmd.Version={self.version}")
+        elif self.name == "pluto":
+            # The variable set by pluto's Makefile.
+            flags.append(f"-X main.version={self.version}")
         return " ".join(flags)
 
 
@@ -115,6 +123,22 @@ KUEUE = Component(
 )
 """Kueue's manager (controllers and webhooks in one process), built only when a test or
 command asks for Kueue (``localcluster/kueue.py``)."""
+CHART_TESTING = Component(
+    name="chart-testing",
+    module_dir=GOBUILD_DIR / "chart-testing",
+    pinned_module="github.com/helm/chart-testing/v3",
+    commands={"ct": "github.com/helm/chart-testing/v3/ct"},
+    # ct's own Chart.yaml schema (yamale) and yamllint configuration, of the same release.
+    data=("etc/chart_schema.yaml", "etc/lintconf.yaml"),
+)
+PLUTO = Component(
+    name="pluto",
+    module_dir=GOBUILD_DIR / "pluto",
+    pinned_module="github.com/fairwindsops/pluto/v5",
+    commands={"pluto": "github.com/fairwindsops/pluto/v5/cmd/pluto"},
+)
+CHART_TOOLS = (CHART_TESTING, PLUTO)
+"""The chart's linters (tests/chart/): chart-testing's ct and pluto."""
 CONTROL_PLANE = (ETCD, KUBERNETES)
 ALL_COMPONENTS = (ETCD, KUBERNETES, HELM)
 
@@ -137,7 +161,7 @@ def cache_root() -> Path:
 
 def component_dir(component: Component) -> Path:
     """Versioned cache directory; the go.sum hash makes a re-pinned dependency a new entry."""
-    digest = hashlib.sha256(component.ldflags().encode())
+    digest = hashlib.sha256(" ".join([component.ldflags(), *component.data]).encode())
     for name in ("go.mod", "go.sum", "main.go"):
         path = component.module_dir / name
         if path.exists():
@@ -247,6 +271,26 @@ def _build(component: Component, target: Path) -> None:
             f"building {component.name} {component.version} failed (exit {code}); "
             f"full log: {log_file}\n" + "\n".join(tail)
         )
+    for name in component.data:
+        shutil.copy2(_module_path(go, component, env) / name, staging / Path(name).name)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     log(f"built {names} in {time.monotonic() - started:.0f} s")
+
+
+def _module_path(go: str, component: Component, env: dict[str, str]) -> Path:
+    """Where the Go module cache holds the pinned module (after a build, it is there)."""
+    result = subprocess.run(
+        [go, "list", "-m", "-f", "{{.Dir}}", component.pinned_module],
+        cwd=component.module_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0 or not result.stdout.strip():
+        raise BuildError(
+            f"cannot find {component.pinned_module} {component.version} in the Go module "
+            f"cache: {result.stderr.strip()}"
+        )
+    return Path(result.stdout.strip())

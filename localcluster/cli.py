@@ -79,6 +79,8 @@ def _build(args: argparse.Namespace) -> int:
     components = binaries.ALL_COMPONENTS if args.helm else binaries.CONTROL_PLANE
     if getattr(args, "kueue", False):
         components = (*components, binaries.KUEUE)
+    if getattr(args, "chart_tools", False):
+        components = (*components, *binaries.CHART_TOOLS)
     for name, path in binaries.ensure_all(components).items():
         print(f"{name}\t{path}")
     if getattr(args, "images", False):
@@ -191,6 +193,11 @@ def parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="build (or find) the binaries")
     build.add_argument("--helm", action="store_true", help="helm too")
     build.add_argument("--kueue", action="store_true", help="Kueue's manager too")
+    build.add_argument(
+        "--chart-tools",
+        action="store_true",
+        help="the chart's linters too: chart-testing's ct and pluto (tests/chart/)",
+    )
     build.add_argument(
         "--images",
         action="store_true",
