@@ -15,8 +15,8 @@ echo "[test] lint: ruff, mypy, import layers, hadolint"
 "$BIN/lint-imports"
 "$BIN/hadolint" Dockerfile worker-image/Dockerfile
 
-echo "[test] control plane and helm binaries (built from Go modules once, then cached)"
-"$BIN/python" -m localcluster build --helm
+echo "[test] control plane, helm and the chart's linters (built from Go modules once, then cached)"
+"$BIN/python" -m localcluster build --helm --chart-tools
 
 echo "[test] operator and worker images (buildah, rebuilt when their inputs change; docs/contributing/images.md)"
 "$BIN/python" -m localcluster build --images
