@@ -86,10 +86,7 @@ def minimum_kubernetes() -> tuple[int, int]:
 class Rendering:
     values: Path
     text: str
-
-    @property
-    def documents(self) -> list[dict[str, Any]]:
-        return [d for d in yaml.safe_load_all(self.text) if d]
+    documents: list[dict[str, Any]]
 
 
 def render(tools: Tools, values: Path, *extra: str) -> Rendering:
@@ -111,7 +108,9 @@ def render(tools: Tools, values: Path, *extra: str) -> Rendering:
         *extra,
     )
     assert result.returncode == 0, f"helm template -f {values.name}:\n{result.stderr}"
-    return Rendering(values, result.stdout)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    documents = [d for d in yaml.load_all(result.stdout, Loader=loader) if d]
+    return Rendering(values, result.stdout, documents)
 
 
 @pytest.fixture(scope="session")

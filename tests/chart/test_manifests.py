@@ -132,18 +132,20 @@ def test_the_apiserver_accepts_every_manifest_in_a_strict_dry_run(
     cluster, renderings: list[Rendering]
 ) -> None:
     """Server-side, with strict field validation, on the local apiserver: what a cluster of
-    its version would do with ``helm install``. prometheus-operator's kinds go to open
-    stand-in CRDs (tests/e2e/conftest.py), so only their metadata is checked here; Managed
-    Prometheus's are left out (serving their API would change what other tests render)."""
+    its version would do with ``helm install``, for each distinct object once.
+    prometheus-operator's kinds go to open stand-in CRDs (tests/e2e/conftest.py), so only
+    their metadata is checked here; Managed Prometheus's are left out (serving their API
+    would change what other tests render)."""
     install_monitoring_crds(cluster)
-    checked = {
-        rendering.values.name: [
-            d
-            for d in rendering.documents
-            if not d["apiVersion"].startswith("monitoring.googleapis")
-        ]
-        for rendering in renderings
-    }
+    # Each distinct object once, with the first combination that renders it.
+    seen: set[str] = set()
+    checked: dict[str, list[dict[str, Any]]] = {}
+    for rendering in renderings:
+        for document in rendering.documents:
+            key = json.dumps(document, sort_keys=True)
+            if key not in seen and not document["apiVersion"].startswith("monitoring.googleapis"):
+                seen.add(key)
+                checked.setdefault(rendering.values.name, []).append(document)
     namespaces = {NAMESPACE} | {
         d["metadata"]["namespace"]
         for documents in checked.values()
