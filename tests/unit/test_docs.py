@@ -249,6 +249,11 @@ EXTERNAL_FLAGS = {
     "--field-selector",
     "--all",
     "--request-timeout",
+    # helm lint, chart-testing's ct, pluto (contributing/chart.md)
+    "--strict",
+    "--check-version-increment",
+    "--validate-maintainers",
+    "--target-versions",
     # mount, py-spy
     "--bind",
     "--native",
