@@ -1,6 +1,6 @@
 # Developer entry points. `make demo` and `make test` are the README's two commands: each
-# sets up what it needs (virtualenv, Go-built control plane, helm, Prometheus) on a fresh
-# machine and reuses the caches on later runs.
+# sets up what it needs (virtualenv, Go-built control plane, helm and the chart's linters,
+# Prometheus) on a fresh machine and reuses the caches on later runs.
 
 PYTHON ?= python3
 VENV := .venv
