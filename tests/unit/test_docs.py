@@ -249,8 +249,7 @@ EXTERNAL_FLAGS = {
     "--field-selector",
     "--all",
     "--request-timeout",
-    # helm lint, chart-testing's ct, pluto (contributing/chart.md)
-    "--strict",
+    # chart-testing's ct, pluto (contributing/chart.md)
     "--check-version-increment",
     "--validate-maintainers",
     "--target-versions",
