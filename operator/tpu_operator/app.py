@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_operator import contract
+from tpu_operator.placement.pools import pools_from_nodes
 from tpu_operator.reconcile.context import Context
 from tpu_operator.reconcile.jobs import JobReconciler
 from tpu_operator.reconcile.pacing import (
@@ -240,6 +241,7 @@ class Runtime:
         self.metrics.watch_phases(
             lambda: (list(self.caches.jobs()), list(self.caches.all_slices()))
         )
+        self.metrics.watch_pools(lambda: self.caches.from_nodes("pools", pools_from_nodes).values())
         self.metrics.watch_leadership(lambda: self.acting)
         self.metrics_server: MetricsServer | None = None
         if config.metrics_port:

@@ -480,6 +480,7 @@ def operator_metrics() -> list[tuple[str, str, list[str], str]]:
     metrics.watch_phases(lambda: ([], []))
     metrics.watch_sampler(_NoSampler())
     metrics.watch_queues(lambda: {"TPUJob": 0, "TPUSlice": 0})
+    metrics.watch_pools(list)
     metrics.watch_leadership(lambda: True)
     found = []
     # The registry's collectors: labelled metrics without samples yet still name their

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from prometheus_client import generate_latest
 
 from tpu_operator import catalog, contract
 from tpu_operator.api.policy import Placement
@@ -30,6 +31,7 @@ from tpu_operator.placement.provisioning import (
     claim_value,
 )
 from tpu_operator.reconcile.pools import slice_pool_values
+from tpu_operator.runtime.metrics import OperatorMetrics
 from tpu_operator.state.views import NodeView, node_view, pod_view
 
 pytestmark = pytest.mark.unit
@@ -309,3 +311,19 @@ def test_pinned_pools_are_placed_before_free_choices():
         "b",
         "a",
     ]
+
+
+def test_unhealthy_pools_are_a_metric_of_the_acting_replica():
+    metrics = OperatorMetrics()
+    pools = [
+        PoolView("broken", "tpu-v5p-slice", "2x2x2", nodes=4, ready=1),
+        PoolView("fine", "tpu-v5p-slice", "2x2x2", nodes=2, ready=2),
+    ]
+    metrics.watch_pools(lambda: pools)
+    leading = [False]
+    metrics.watch_leadership(lambda: leading[0])
+    assert "tpu_operator_node_pool_unready_vms{" not in generate_latest(metrics.registry).decode()
+    leading[0] = True
+    served = generate_latest(metrics.registry).decode()
+    assert 'tpu_operator_node_pool_unready_vms{node_pool="broken"} 3.0' in served
+    assert 'node_pool="fine"' not in served

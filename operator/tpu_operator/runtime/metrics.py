@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from tpu_operator import __version__
 from tpu_operator.api.status import Phase
+from tpu_operator.placement.pools import PoolView
 from tpu_operator.runtime.kube import RequestRecord
 
 PHASES = tuple(Phase)
@@ -81,6 +82,30 @@ class PhaseCollector(Collector):
             if (status.get("progress") or {}).get("step") is not None:
                 step.add_metric(key, status["progress"]["step"])
         yield from (job_phase, restarts, goodput, step)
+
+
+class PoolCollector(Collector):
+    """TPU node pools with VMs that are not ready or cordoned, read from the node cache at
+    scrape time. Such a pool is given to no slice until every VM is ready, and a slice a
+    restart recreates moves off it (``placement/pools.pool_unhealthy``)."""
+
+    def __init__(self, pools: Callable[[], Iterable[PoolView]], active: Callable[[], bool]):
+        self._pools = pools
+        self._active = active
+
+    def collect(self) -> Iterator[Metric]:
+        if not self._active():
+            return
+        family = GaugeMetricFamily(
+            "tpu_operator_node_pool_unready_vms",
+            "VMs not ready or cordoned, per TPU node pool that has any (such a pool is given "
+            "to no slice until healthy)",
+            labels=["node_pool"],
+        )
+        for pool in self._pools():
+            if pool.ready < pool.nodes:
+                family.add_metric([pool.name], pool.nodes - pool.ready)
+        yield family
 
 
 class SamplerCounts(Protocol):
@@ -233,6 +258,10 @@ class OperatorMetrics:
     def watch_phases(self, objects: Callable[[], tuple[Iterable[dict], Iterable[dict]]]) -> None:
         """Jobs and slices by phase and per job, reported by the acting replica only."""
         self.registry.register(PhaseCollector(objects, lambda: self._leading()))
+
+    def watch_pools(self, pools: Callable[[], Iterable[PoolView]]) -> None:
+        """Unhealthy TPU node pools, reported by the acting replica only."""
+        self.registry.register(PoolCollector(pools, lambda: self._leading()))
 
     def watch_leadership(self, leading: Callable[[], bool]) -> None:
         """``tpu_operator_leader``; a standby (``leading`` false) reports no cluster state."""
