@@ -115,6 +115,7 @@ class Recorded:
     restarts: list[tuple[str, str]] = field(default_factory=list)
     pods_created: int = 0
     running_after: list[float] = field(default_factory=list)
+    waits: list[tuple[str, float]] = field(default_factory=list)
     enqueued: list[Any] = field(default_factory=list)
 
     def emit(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
@@ -128,6 +129,9 @@ class Recorded:
 
     def time_to_running(self, seconds: float) -> None:
         self.running_after.append(seconds)
+
+    def waited(self, reason: str, seconds: float) -> None:
+        self.waits.append((reason, seconds))
 
     def add(
         self, key: Any, after: float = 0.0, *, urgent: bool = False, routine: bool = False

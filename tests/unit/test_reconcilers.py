@@ -649,7 +649,9 @@ def test_without_a_free_pool_slices_ask_gke_for_pools_of_their_own():
     cluster.settle()
     assert cluster.job("j")["status"]["nodePools"] == ["nap-a", "nap-b"]
     assert cluster.slice("j-0")["spec"]["nodePool"] == "nap-a"
-    assert cluster.recorded.reasons("j")[-1] == "NodePoolsAssigned"
+    # The pools are there: their pods are placed, and the wait is over.
+    assert cluster.recorded.reasons("j")[-2:] == ["NodePoolsAssigned", "WaitEnded"]
+    assert [reason for reason, _ in cluster.recorded.waits] == ["WaitingForNodePools"]
     assert cluster.status_writes()[1] == 0
 
     # another job may not take them while j's pods (selecting the label) are there

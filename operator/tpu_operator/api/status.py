@@ -139,6 +139,9 @@ class Reason(StrEnum):
     """The scheduler cannot place the attempt's pods (its message is in the condition)."""
     SCHEDULED = "Scheduled"
     """Every pod of the attempt is placed."""
+    WAIT_ENDED = "WaitEnded"
+    """(Event.) The job waited for capacity (PodsScheduled False, or Queued by Kueue) and
+    no longer does: how long, and what for."""
     RESTARTING = "Restarting"
     """An attempt ended and the gang restarts."""
     RUNNING = "Running"

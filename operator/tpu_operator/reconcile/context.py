@@ -46,6 +46,9 @@ class NoMetrics:
     def time_to_running(self, seconds: float) -> None:
         pass
 
+    def waited(self, reason: str, seconds: float) -> None:
+        pass
+
 
 @dataclass
 class Reservations:

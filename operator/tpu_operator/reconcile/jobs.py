@@ -53,6 +53,7 @@ from tpu_operator.policies import (
     suspend,
     verdict,
     waiting,
+    waits,
 )
 from tpu_operator.policies.admission import Admission
 from tpu_operator.policies.in_place import restarting_in_place
@@ -320,6 +321,7 @@ class JobRun:
             self._run_attempt(attempt, state or self._assess_all(attempt))
         patience.check(facts, plan)
         self.admission.report(facts, plan)
+        waits.ended(facts, plan, world)
 
     def _run_attempt(self, attempt: int, state: GangState) -> None:
         """The running attempt: its pools, then the verdict and what follows from it."""

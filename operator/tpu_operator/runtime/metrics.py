@@ -165,6 +165,14 @@ class OperatorMetrics:
             buckets=STARTUP_BUCKETS,
             registry=r,
         )
+        self.wait_seconds = Histogram(
+            "tpu_operator_wait_seconds",
+            "Time TPUJobs waited for capacity, by what for (the PodsScheduled or Queued "
+            "condition's reason), observed when each wait ends",
+            ["reason"],
+            buckets=STARTUP_BUCKETS,
+            registry=r,
+        )
         self.restarts = Counter(
             "tpu_operator_restarts_total",
             "Gang restarts by kind (TPUJob, TPUSlice) and reason (what ended the attempt)",
@@ -227,6 +235,9 @@ class OperatorMetrics:
 
     def restart(self, kind: str, reason: str) -> None:
         self.restarts.labels(kind, reason).inc()
+
+    def waited(self, reason: str, seconds: float) -> None:
+        self.wait_seconds.labels(reason).observe(seconds)
 
     def time_to_running(self, seconds: float) -> None:
         self.time_to_running_seconds.observe(seconds)

@@ -28,6 +28,7 @@ def stamp_at(seconds: float) -> str:
 class Recorded:
     restarts: list[tuple[str, str]] = field(default_factory=list)
     running_after: list[float] = field(default_factory=list)
+    waits: list[tuple[str, float]] = field(default_factory=list)
 
     def pod_created(self, seconds: float) -> None:
         pass
@@ -37,6 +38,9 @@ class Recorded:
 
     def time_to_running(self, seconds: float) -> None:
         self.running_after.append(seconds)
+
+    def waited(self, reason: str, seconds: float) -> None:
+        self.waits.append((reason, seconds))
 
 
 @dataclass
