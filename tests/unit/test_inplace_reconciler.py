@@ -689,3 +689,30 @@ def test_a_slice_that_keeps_failing_on_its_pool_is_recreated_on_another():
     cluster.settle()
     (summary,) = [s for s in cluster.job("j")["status"]["slices"] if s["index"] == 1]
     assert (summary["failures"], summary["poolFailures"], summary["nodePool"]) == (2, 0, "p3")
+
+
+def test_a_slice_whose_vm_is_deleted_moves_to_a_free_pool():
+    """A VM of slice 1's pool is deleted (GKE will replace it, some time): its pod is
+    gone, the pool has 1 of the 2 VMs the slice needs. Slice 1 is recreated on the free
+    pool at once; slice 0 restarts in place."""
+    cluster, channel = supervised_cluster()
+    uids = two_slice_job(cluster, channel)
+    cluster.add_pool("p3", *V5P, hosts=2)
+    pools = cluster.job("j")["status"]["nodePools"]
+    pod = cluster.pods("j")["j-1-0"]
+    node = pod["spec"]["nodeName"]
+    del cluster.objects[f"/api/v1/nodes/{node}"]
+    cluster.evict_pod("j-1-0", reason="DeletionByPodGC")
+    cluster.confirm_deletion("j-1-0")
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["restartKind"], status["recreatedSlices"]) == (
+        2,
+        "Mixed",
+        [1],
+    )
+    assert status["nodePools"] == [pools[0], "p3"]
+    (moved,) = [m for n, _, r, m in cluster.recorded.events if r == "NodePoolUnhealthy"]
+    assert f"{pools[1]} has 1 of the 2 VMs its slice needs; moved to node pool p3" in moved
+    kept = {n: u for n, u in uids.items() if n.startswith("j-0-")}
+    assert {n: cluster.pods("j")[n]["metadata"]["uid"] for n in kept} == kept

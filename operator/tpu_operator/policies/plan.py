@@ -89,8 +89,8 @@ class World(Protocol):
         ...
 
     def unhealthy_pools(self, refs: list[str]) -> dict[int, str]:
-        """The recorded pools (by slice index) that have nodes but are unhealthy, and why
-        (``placement/pools.pool_unhealthy``)."""
+        """The recorded pools (by slice index) that have nodes but are unhealthy (a VM not
+        ready or cordoned, or fewer VMs than a slice needs), and why."""
         ...
 
     def not_ready_nodes(self, names: Iterable[str | None]) -> frozenset[str]: ...

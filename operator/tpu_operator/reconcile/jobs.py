@@ -159,7 +159,7 @@ class CachedWorld:
         return vanished(self.ctx, refs, self.spec.placement, created)
 
     def unhealthy_pools(self, refs: list[str]) -> dict[int, str]:
-        return unhealthy(self.ctx, refs)
+        return unhealthy(self.ctx, refs, self.shape.hosts)
 
     def not_ready_nodes(self, names: Iterable[str | None]) -> frozenset[str]:
         return self.ctx.caches.not_ready_nodes(names)

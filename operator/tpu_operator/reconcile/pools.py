@@ -322,14 +322,20 @@ def vanished(
     )
 
 
-def unhealthy(ctx: Context, refs: list[str]) -> dict[int, str]:
+def unhealthy(ctx: Context, refs: list[str], hosts: int) -> dict[int, str]:
     """A job's recorded pools (``refs``, by slice index) that have nodes but are unhealthy,
-    and why (``placement/pools.pool_unhealthy``); claims and vanished pools are not."""
+    and why: a VM not ready or cordoned (``placement/pools.pool_unhealthy``), or fewer VMs
+    than the slice's ``hosts`` (one deleted, GKE yet to replace it). Claims and pools with
+    no nodes left (``vanished``) are not."""
     pools = tpu_pools(ctx)
     found: dict[int, str] = {}
     for index, ref in enumerate(refs):
         pool = pools.get(ref) if ref and not is_claim(ref) else None
-        why = pool_unhealthy(pool) if pool is not None and pool.nodes else None
+        if pool is None or not pool.nodes:
+            continue
+        why = pool_unhealthy(pool)
+        if why is None and pool.nodes < hosts:
+            why = f"{pool.name} has {pool.nodes} of the {hosts} VMs its slice needs"
         if why:
             found[index] = why
     return found
