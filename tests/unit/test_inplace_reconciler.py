@@ -19,6 +19,7 @@ from tests.unit.fakeapi import NS, FakeCluster, stamp
 from tpu_operator import contract
 from tpu_operator import supervision as sv
 from tpu_operator.builders.supervision import MAX_STOP_GRACE_SECONDS
+from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime.control import ControlError, ProcessState
 
@@ -624,6 +625,14 @@ def test_a_pod_lost_in_one_slice_recreates_that_slice_and_restarts_the_other_in_
         channel.processes[ip] = ProcessState("running", 2)
         set_ready(cluster, pod, True)
     assert not any(channel.processes[ip].running for ip in kept_ips)
+    # The pass that sends the starts wrote Starting; nothing about the pods changes after
+    # it (a started process's pod stays Ready), so it asks to look again at once.
+    requeue = cluster.reconcile_job("j")
+    assert [c for c in channel.calls if c[0] == "start"]
+    assert cluster.job("j")["status"]["phase"] == "Starting"
+    assert requeue is not None and requeue <= MIN_REQUEUE_SECONDS
+    cluster.reconcile_job("j")
+    assert cluster.job("j")["status"]["phase"] == "Running"
     cluster.settle()
     starts = [c for c in channel.calls if c[0] == "start"]
     assert {ip for _, ip, _ in starts} == kept_ips, starts  # the new pods start themselves

@@ -516,6 +516,7 @@ class JobRun:
         facts, plan = self.facts, self.plan
         restart_at = parse(plan.status.restart_at)
         template_spec = (facts.raw_spec.get("template") or {}).get("spec") or {}
+        started_before = self.world.in_place_started(attempt)
         done = await supervisors.restart_in_place(
             job_uid=facts.uid,
             namespace=facts.namespace,
@@ -528,6 +529,10 @@ class JobRun:
         )
         if not done:
             plan.after(IN_PLACE_RECHECK_SECONDS)
+        elif not started_before:
+            # This pass sent the last starts; the status it wrote still says Starting, and
+            # no pod changes to wake the job (a started process's pod stays Ready).
+            plan.after(MIN_REQUEUE_SECONDS)
 
     def _owner(self) -> Owner:
         return Owner(contract.API_VERSION, contract.JOB_KIND, self.facts.name, self.facts.uid)
