@@ -117,10 +117,10 @@ def ready_since(
 
 
 def all_ready_at(
-    bench: Bench, pods: TrackedWatch, job: str, hosts: int, attempt: int
+    standin: StandIn, pods: TrackedWatch, job: str, hosts: int, attempt: int
 ) -> float | None:
     """When the last pod of ``job`` was seen labelled and Ready with ``attempt`` running."""
-    procs = bench.standin.of_job(job)
+    procs = standin.of_job(job)
     if len(procs) < hosts:
         return None
     times = []
@@ -147,9 +147,9 @@ def tpujob(name: str, hosts: int, mode: str) -> dict[str, Any]:
 LATENCY = "tpu_operator_api_request_duration_seconds"
 
 
-def operator_counters(bench: Bench) -> dict[str, float]:
+def operator_counters(operator: harness.Operator) -> dict[str, float]:
     """The operator's API requests by verb so far, and its request-latency sums/counts."""
-    text = bench.operator.metrics()
+    text = operator.metrics()
     counters = harness.api_requests(text)
     for verb in ("POST", "PATCH", "DELETE"):
         counters[f"sum_{verb}"] = harness.counter_total(text, f"{LATENCY}_sum", verb=verb)
@@ -207,19 +207,19 @@ async def trial_inplace(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
     pods, jobs, _ = await start_job(bench, name, hosts, "Auto")
     await standin.wait(lambda: standin.serving(name) == hosts, TIMEOUT, f"{name} served")
     await asyncio.sleep(SETTLE)
-    before, cpu, mark = operator_counters(bench), bench.operator.cpu(), len(standin.events)
+    before, cpu, mark = operator_counters(bench.operator), bench.operator.cpu(), len(standin.events)
     failed = standin.fail(victim_of(name, hosts))
     await jobs.wait(
         lambda: jobs.phase_at(name, "Running", failed, attempt=2), TIMEOUT, f"{name} attempt 2"
     )
     await pods.wait(
-        lambda: all_ready_at(bench, pods, name, hosts, 2), TIMEOUT, f"{name} attempt 2 Ready"
+        lambda: all_ready_at(standin, pods, name, hosts, 2), TIMEOUT, f"{name} attempt 2 Ready"
     )
-    done = all_ready_at(bench, pods, name, hosts, 2)
+    done = all_ready_at(standin, pods, name, hosts, 2)
     job_running = jobs.phase_at(name, "Running", failed, attempt=2)
     assert done is not None and job_running is not None
     await asyncio.sleep(SETTLE)
-    requests = requests_delta(before, operator_counters(bench))
+    requests = requests_delta(before, operator_counters(bench.operator))
     cpu = bench.operator.cpu() - cpu
     events = standin.events[mark:]
 
@@ -277,7 +277,7 @@ async def trial_recreate(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
     name = f"rc{hosts}-{rep}"
     pods, jobs, _ = await start_job(bench, name, hosts, "Recreate")
     await asyncio.sleep(SETTLE)
-    before, cpu = operator_counters(bench), bench.operator.cpu()
+    before, cpu = operator_counters(bench.operator), bench.operator.cpu()
     failed = await pod_creation.kill(bench.pc, NAMESPACE, victim_of(name, hosts))
     await pods.wait(lambda: pods.running_at(ATTEMPT, "2", hosts), TIMEOUT, f"{name} attempt 2")
     await jobs.wait(
@@ -289,7 +289,7 @@ async def trial_recreate(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
     restart = pod_creation.restart_figures(pods, ATTEMPT, "1", "2", hosts, failed)
     restart["all_new_ready"] = max(restart["all_new_running"], job_running - failed)
     restart["job_running"] = job_running - failed
-    restart["api_requests"] = requests_delta(before, operator_counters(bench))
+    restart["api_requests"] = requests_delta(before, operator_counters(bench.operator))
     restart["cpu"] = bench.operator.cpu() - cpu
     restart["restart_kind"] = _last_status(jobs, name).get("restartKind")
     await finish(bench, pods, jobs)
