@@ -298,8 +298,15 @@ def run_across_upgrade(cluster, helm, tpu: Api, namespace, release_values, token
 
     # The same pods, no container restarted, no gang restart counted, the status kept.
     after_pods = worker_pods(tpu, namespace)
-    assert after_pods == before_pods
     after_status = tpu.status(namespace, "demo")
+    print(
+        f"worker pods before {len(before_pods)}, after {len(after_pods)}, the same UIDs "
+        f"{after_pods == before_pods}; container restarts "
+        f"{sum(p['restarts'] for p in after_pods.values())}; step "
+        f"{before_status['progress']['step']} -> {after_status['progress']['step']}; leader "
+        f"samples {len(sampler.samples)}, with two leaders {len(sampler.both)}"
+    )
+    assert after_pods == before_pods
     assert set(before_status) <= set(after_status), set(before_status) - set(after_status)
     for key in KEPT:
         assert after_status.get(key) == before_status.get(key), key
