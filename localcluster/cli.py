@@ -84,10 +84,12 @@ def _build(args: argparse.Namespace) -> int:
     for name, path in binaries.ensure_all(components).items():
         print(f"{name}\t{path}")
     if getattr(args, "images", False):
-        from localcluster import images
+        from localcluster import images, previous
 
         for spec in images.TESTED:
             print(images.report(images.ensure(spec)))
+        # The version the upgrade test upgrades from (tests/e2e/test_upgrade.py).
+        print(images.report(previous.operator_image()))
     return 0
 
 
