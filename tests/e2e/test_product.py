@@ -312,7 +312,12 @@ def sane(title: str, values: list[float]) -> bool:
 def test_demo_trains_through_a_worker_failure_and_is_observable(
     cluster, release, prometheus: Prometheus, namespace, tpu: Api
 ):
-    tpu.apply(demo_manifest(namespace))
+    manifest = demo_manifest(namespace)
+    (worker,) = manifest["spec"]["template"]["spec"]["containers"]
+    # Long enough that attempt 2 trains for more than a rate window before it ends (the
+    # dashboard check below waits for that).
+    worker["args"] = ["--steps=800" if a.startswith("--steps=") else a for a in worker["args"]]
+    tpu.apply(manifest)
     wait_until(
         lambda: ((tpu.status(namespace, "demo").get("progress") or {}).get("step") or 0) >= 70,
         timeout=300,
@@ -365,7 +370,18 @@ def test_demo_trains_through_a_worker_failure_and_is_observable(
     up = {(t["labels"]["slice"], t["labels"]["worker"]) for t in targets if t["health"] == "up"}
     assert up == {("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")}
 
-    # Every dashboard query answers, with sane values, while the job trains.
+    # Every dashboard query answers, with sane values, while the job trains. A worker's
+    # first steps book their compile time at once, when JAX reports it (it knows the span
+    # only at its end): a 30 s window that holds that jump reads compilation above wall
+    # time when it took longer than the window. So the queries run once every worker of
+    # attempt 2 was past its first steps a window ago, and while they all still step.
+    wait_until(
+        lambda: prometheus.query(
+            f'count(tpu_worker_steps_total{{{selector}, attempt="2"}} offset 35s > 2) == 4'
+        ),
+        timeout=180,
+        message="every worker of attempt 2 past its first steps for longer than a rate window",
+    )
     wait_until(
         lambda: prometheus.query(
             f'count(rate(tpu_worker_steps_total{{{selector}, attempt="2"}}[30s]) > 0) == 4'
