@@ -188,10 +188,14 @@ def running_job(
     cluster: FakeCluster,
     channel: FakeChannel,
     monitoring: dict[str, Any] | None = None,
+    slices: int = 1,
     **policy: Any,
 ) -> dict[str, str]:
-    cluster.add_pool("p1", *V5P, hosts=2)
-    cluster.apply_job("j", job_spec(monitoring=monitoring, **policy))
+    """Job "j" of ``slices`` v5p-16 slices, one pool each (p1, p2, ...), Running; its pods'
+    UIDs by name."""
+    for index in range(slices):
+        cluster.add_pool(f"p{index + 1}", *V5P, hosts=2)
+    cluster.apply_job("j", {**job_spec(monitoring=monitoring, **policy), "numSlices": slices})
     cluster.settle()
     start_processes(cluster, channel, 1)
     cluster.settle()
@@ -561,20 +565,9 @@ def test_a_maintenance_notice_asks_every_worker_to_checkpoint_once():
     assert cluster.job("j")["status"]["checkpointRequests"] == 2
 
 
-def two_slice_job(cluster: FakeCluster, channel: FakeChannel) -> dict[str, str]:
-    cluster.add_pool("p1", *V5P, hosts=2)
-    cluster.add_pool("p2", *V5P, hosts=2)
-    cluster.apply_job("j", {**job_spec(), "numSlices": 2})
-    cluster.settle()
-    start_processes(cluster, channel, 1)
-    cluster.settle()
-    assert cluster.job("j")["status"]["phase"] == "Running"
-    return {n: p["metadata"]["uid"] for n, p in cluster.pods("j").items()}
-
-
 def test_a_pod_lost_in_one_slice_recreates_that_slice_and_restarts_the_other_in_place():
     cluster, channel = supervised_cluster()
-    uids = two_slice_job(cluster, channel)
+    uids = running_job(cluster, channel, slices=2)
     kept = {n: u for n, u in uids.items() if n.startswith("j-0-")}
     kept_ips = {cluster.pods("j")[n]["status"]["podIP"] for n in kept}
     cluster.evict_pod("j-1-0")
@@ -645,18 +638,9 @@ def test_a_pod_lost_in_one_slice_recreates_that_slice_and_restarts_the_other_in_
 
 def test_a_slice_that_keeps_failing_on_its_pool_is_recreated_on_another():
     cluster, channel = supervised_cluster()
-    cluster.add_pool("p1", *V5P, hosts=2)
-    cluster.add_pool("p2", *V5P, hosts=2)
-    cluster.apply_job(
-        "j",
-        {**job_spec(maxRestarts=10, maxSliceFailuresPerPool=2), "numSlices": 2},
-    )
-    cluster.settle()
-    start_processes(cluster, channel, 1)
-    cluster.settle()
+    uids = running_job(cluster, channel, slices=2, maxRestarts=10, maxSliceFailuresPerPool=2)
     pools = cluster.job("j")["status"]["nodePools"]
     cluster.add_pool("p3", *V5P, hosts=2)  # free from now on
-    uids = {n: p["metadata"]["uid"] for n, p in cluster.pods("j").items()}
     # Slice 1's worker fails once: an in-place restart, counted on its slice.
     process_exits(cluster, channel, "j-1-0", 1)
     cluster.settle()
@@ -705,7 +689,7 @@ def test_a_slice_whose_vm_is_deleted_moves_to_a_free_pool():
     gone, the pool has 1 of the 2 VMs the slice needs. Slice 1 is recreated on the free
     pool at once; slice 0 restarts in place."""
     cluster, channel = supervised_cluster()
-    uids = two_slice_job(cluster, channel)
+    uids = running_job(cluster, channel, slices=2)
     cluster.add_pool("p3", *V5P, hosts=2)
     pools = cluster.job("j")["status"]["nodePools"]
     pod = cluster.pods("j")["j-1-0"]
