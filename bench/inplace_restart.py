@@ -135,6 +135,22 @@ def all_ready_at(
     return max(times)
 
 
+def supervising_operator(cluster: Any, name: str, namespace: str) -> tuple[bytes, harness.Operator]:
+    """A new master key in the cluster's directory and an operator started with in-place
+    restarts on ``namespace`` using it; the key (the stand-in supervisors verify with it)."""
+    master = secrets.token_hex(32).encode()
+    key_file = cluster.directory / "control.key"
+    key_file.write_bytes(master)
+    key_file.chmod(0o600)
+    operator = harness.Operator(
+        cluster,
+        name,
+        [f"--namespace={namespace}", "--in-place-restarts", f"--control-key-file={key_file}"],
+    )
+    operator.start()
+    return master, operator
+
+
 def tpujob(name: str, hosts: int, mode: str) -> dict[str, Any]:
     """pod_creation's one-slice TPUJob with a ``tpu-worker`` command and ``mode``."""
     body = pod_creation.tpujob(name, NAMESPACE, hosts)
@@ -444,16 +460,7 @@ def main() -> None:
     namespaces = [NAMESPACE] + ([JOBSET_NAMESPACE] if "jobset" in variants else [])
     outcome: dict[str, Any] = {"jobset": None}
     with harness.bench_cluster("inplace", pools, namespaces=namespaces) as cluster:
-        master = secrets.token_hex(32).encode()
-        key_file = cluster.directory / "control.key"
-        key_file.write_bytes(master)
-        key_file.chmod(0o600)
-        operator = harness.Operator(
-            cluster,
-            "inplace",
-            [f"--namespace={NAMESPACE}", "--in-place-restarts", f"--control-key-file={key_file}"],
-        )
-        operator.start()
+        master, operator = supervising_operator(cluster, "inplace", NAMESPACE)
         controller = None
         try:
             if "jobset" in variants:

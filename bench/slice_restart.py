@@ -51,7 +51,6 @@ import argparse
 import asyncio
 import contextlib
 import copy
-import secrets
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -687,16 +686,7 @@ def main() -> None:
         timeout=600 + 0.2 * nodes,
         component_args=harness.SCALE_ARGS,
     ) as cluster:
-        master = secrets.token_hex(32).encode()
-        key_file = cluster.directory / "control.key"
-        key_file.write_bytes(master)
-        key_file.chmod(0o600)
-        operator = harness.Operator(
-            cluster,
-            "slice",
-            [f"--namespace={NAMESPACE}", "--in-place-restarts", f"--control-key-file={key_file}"],
-        )
-        operator.start()
+        master, operator = ip.supervising_operator(cluster, "slice", NAMESPACE)
         controller = None
         try:
             if "jobset" in variants:
