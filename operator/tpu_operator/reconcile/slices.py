@@ -409,6 +409,7 @@ class SliceRun:
                 attempt=target,
                 ports=ports,
                 slice_names=() if self.managed else (self.name,),
+                world=tuple(spec.world_slices or ()),
             )
             try:
                 pod = worker_pod(
