@@ -223,6 +223,7 @@ class Plan:
             now=facts.now,
             track=facts.track,
             publish_interval=publish_interval,
+            desired_slices=facts.spec.num_slices,
         )
         return cls(
             status=status,

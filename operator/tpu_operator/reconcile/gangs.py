@@ -41,7 +41,8 @@ from tpu_operator.state.gang import (
 )
 
 PartKey = tuple[int, int, bool, int, int, int]
-"""(attempt, hosts, slice created, pods' version, nodes' version, tombstones' version)"""
+"""(attempt, hosts (0: a dropped slice), slice created, pods' version, nodes' version,
+tombstones' version)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +92,13 @@ class GangParts:
         created: frozenset[int],
         success_policy: SuccessPolicy,
         reports: Mapping[str, ProcessReport] | None = None,
+        dropped: frozenset[int] = frozenset(),
     ) -> JobGang | None:
         """The job's gang state for ``attempt``; None when it cannot be had by slices: a
         pod of the job is filed under none of its ``num_slices`` slices (the spec lost
         slices), or the pod cache keeps no versions (unit tests' plain indexes). The
-        caller then assesses every pod of the job at once."""
+        caller then assesses every pod of the job at once. ``dropped``: slices the
+        attempt runs without (elastic): they have no members, only stale pods."""
         kept = self._jobs.setdefault((namespace, job), {})
         for index in [i for i in kept if i >= num_slices]:
             del kept[index]
@@ -110,7 +113,7 @@ class GangParts:
                 return None
             key: PartKey = (
                 attempt,
-                hosts,
+                0 if index in dropped else hosts,
                 index in created,
                 version,
                 nodes,
