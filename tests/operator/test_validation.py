@@ -181,6 +181,16 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         ["spec.placement.nodePools", "one node pool per slice"],
     ),
     (
+        "an elastic job that needs more slices than it has",
+        edit("spec.elastic", {"minSlices": 3}),
+        ["spec.elastic.minSlices", "1 to numSlices"],
+    ),
+    (
+        "an elastic job that trains on no slice",
+        edit("spec.elastic", {"minSlices": 0}),
+        ["spec.elastic.minSlices", "greater than or equal to 1"],
+    ),
+    (
         "unknown success policy",
         edit("spec.successPolicy", "AnyWorker"),
         ["spec.successPolicy", "Unsupported value", "LeaderWorker"],

@@ -119,3 +119,31 @@ def test_below_min_slices_the_job_waits_for_the_repair():
     assert status["attempt"] == 2 and status["droppedSlices"] == []
     assert "worldSlices" not in cluster.slice("j-2")["spec"]
     assert "NodePoolUnhealthy" in cluster.recorded.reasons("j")
+
+
+def test_without_slice_0_the_leader_is_the_first_slice_that_runs():
+    """successPolicy LeaderWorker: with slice 0 dropped, worker 0 of slice 1 (the world's
+    process 0) ending well ends the job well."""
+    cluster = FakeCluster()
+    for pool in ("p0", "p1", "p2"):
+        cluster.add_pool(pool, *V5P, hosts=2)
+    cluster.apply_job("j", spec(successPolicy="LeaderWorker"))
+    cluster.settle()
+    running(cluster)
+    node = cluster.pods("j")["j-0-0"]["spec"]["nodeName"]
+    cluster.set_node_ready(node, False)
+    cluster.reconcile_job("j")
+    assert [d["index"] for d in cluster.job("j")["status"]["droppedSlices"]] == [0]
+    cluster.settle()
+    cluster.confirm_deletions()
+    cluster.advance(10)
+    cluster.settle()
+    pods = cluster.pods("j")
+    assert sorted(pods) == ["j-1-0", "j-1-1", "j-2-0", "j-2-1"]
+    leader = env(pods["j-1-0"])
+    assert leader[contract.ENV_PROCESS_ID] == "0"
+    assert leader[contract.ENV_JAX_COORDINATOR_ADDRESS].startswith("j-1-0.j:")
+    running(cluster)
+    cluster.exit_pod("j-1-0", 0)
+    cluster.settle()
+    assert cluster.job("j")["status"]["phase"] == "Succeeded"

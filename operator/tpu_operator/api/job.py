@@ -68,11 +68,8 @@ class TPUJobSpec(ApiModel):
             ),
             cel(
                 "!has(self.elastic) || self.elastic.minSlices <= self.numSlices",
-                message_expression=(
-                    "'elastic.minSlices: the fewest slices the job trains on must be 1 to "
-                    "numSlices (' + string(self.numSlices) + '), not ' + "
-                    "string(self.elastic.minSlices)"
-                ),
+                "elastic.minSlices: the fewest slices the job trains on must be 1 to "
+                "numSlices, not more",
                 field_path=".elastic.minSlices",
             ),
         ),

@@ -194,7 +194,7 @@ def grow(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
         note = (
             f"attempt {attempt}: a healthy node pool is there for slices "
             + ", ".join(str(d.index) for d in status.dropped_slices)
-            + f" again: asking the {facts.shape.hosts * (status.active_slices or 0)} "
+            + f" again: asking the {facts.total_workers} "
             f"workers to checkpoint before growing back to {facts.spec.num_slices} slices"
         )
         plan.checkpoint_for = [f"{note} at {status.grow_back.requested_at}"]
@@ -227,7 +227,7 @@ def _restart_full(
         + ", ".join(str(i) for i in back)
         + f" again: growing back to {num} slices"
     )
-    plan.account.close_attempt(facts.shape.hosts * (status.active_slices or num), ended=True)
+    plan.account.close_attempt(facts.total_workers, ended=True)
     book_restart(status, Decision(True, False, Reason.SLICES_RESTORED, message), facts.policy)
     status.attempt = attempt + 1
     status.phase = Phase.RESTARTING

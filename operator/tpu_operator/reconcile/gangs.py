@@ -103,6 +103,7 @@ class GangParts:
         for index in [i for i in kept if i >= num_slices]:
             del kept[index]
         nodes = caches.nodes_version
+        leader = min((i for i in range(num_slices) if i not in dropped), default=0)
         parts: list[SlicePart] = []
         pods_seen = recomputed = 0
         for index in range(num_slices):
@@ -121,7 +122,9 @@ class GangParts:
             )
             part = kept.get(index)
             if part is None or part.key != key or reports:
-                part = _part(caches, key, namespace, job, name, index, success_policy, reports)
+                part = _part(
+                    caches, key, namespace, job, name, index, success_policy, reports, leader
+                )
                 recomputed += 1
                 if not reports:
                     kept[index] = part
@@ -147,6 +150,7 @@ def _part(
     index: int,
     success_policy: SuccessPolicy,
     reports: Mapping[str, ProcessReport] | None,
+    leader_slice: int = 0,
 ) -> SlicePart:
     attempt, hosts, created = key[0], key[1], key[2]
     pods = [p for p in caches.pods_of_slice(namespace, name) if p.job_name == job]
@@ -160,5 +164,6 @@ def _part(
         not_ready_nodes=caches.not_ready_nodes(nodes_of(pods, tombstones)),
         success_policy=success_policy,
         reports=reports,
+        leader_slice=leader_slice,
     )
     return SlicePart(key, state, len(pods), stopping_count(pods))

@@ -426,6 +426,9 @@ class JobRun:
             not_ready_nodes=self.ctx.caches.not_ready_nodes(nodes_of(facts.pods, tombstones)),
             success_policy=facts.spec.success_policy,
             reports=facts.reports,
+            leader_slice=min(
+                (i for i in range(facts.spec.num_slices) if i not in dropped), default=0
+            ),
         )
 
     def _count_pods(self) -> None:
