@@ -13,6 +13,7 @@ from tpu_operator.api.job import DroppedSlice, TPUJobSpec
 from tpu_operator.api.status import Phase, Reason, RestartKind
 from tpu_operator.placement.pools import Allocation
 from tpu_operator.policies import elastic, failure
+from tpu_operator.progress import report
 from tpu_operator.progress.samples import WorkerSample
 from tpu_operator.progress.tracker import JobTrack
 from tpu_operator.state.gang import WorkerFailure
@@ -301,3 +302,34 @@ def test_dropped_capacity_is_booked_as_degraded():
     assert plan.account.degraded() == pytest.approx(1 / 3)
     full = plan_of(facts(recorded={"attempt": 1}, numSlices=3))
     assert full.account.degraded() == 0.0
+
+
+@pytest.mark.parametrize(
+    ("share", "degraded", "productive"), [(0.0, 0.0, 90.0), (1 / 3, 30.0, 60.0)]
+)
+def test_the_missing_share_of_step_time_is_badput(share, degraded, productive):
+    sample = WorkerSample(at=1100.0, step=50, start_time=1000.0, phases={"step": 90.0})
+    live = report.goodput(
+        created=1000.0,
+        now=1100.0,
+        carried={},
+        current=sample,
+        waiting_since=None,
+        waiting_kind="other",
+        degraded=share,
+    )
+    assert live.badput_seconds[report.DEGRADED] == pytest.approx(degraded, abs=0.1)
+    assert live.productive_seconds == pytest.approx(productive, abs=0.1)
+    # Carried over when the attempt ends, and counted once.
+    carried = report.carry_over({}, sample, closed_at=1100.0, degraded=share)
+    assert carried.get(report.DEGRADED, 0.0) == pytest.approx(degraded)
+    after = report.goodput(
+        created=1000.0,
+        now=1200.0,
+        carried=carried,
+        current=None,
+        waiting_since=None,
+        waiting_kind="other",
+    )
+    assert after.badput_seconds[report.DEGRADED] == pytest.approx(degraded, abs=0.1)
+    assert after.productive_seconds == pytest.approx(productive, abs=0.1)
