@@ -39,6 +39,7 @@ def test_a_job_trains_on_fewer_slices_while_a_pool_is_broken_and_grows_back(
         namespace,
         "elastic",
         "--steps=100000",
+        "--batch-size=12",  # a multiple of the data axis of 6 devices (3) and of 4 (2)
         numSlices=3,
         slice={"type": "v4-16"},
         elastic={"minSlices": 2},

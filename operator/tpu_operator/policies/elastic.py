@@ -44,8 +44,9 @@ CHECKPOINT_WAIT_SECONDS = 60.0
 """How long a job growing back waits for worker 0 to report the checkpoint it was asked
 for, before it restarts anyway (without progress figures, it waits this long)."""
 RECHECK_SECONDS = 15.0
-"""How often a job running without some slices looks for pools to grow back onto (node
-events wake it sooner)."""
+"""How often a job running without some slices looks for pools to grow back onto."""
+CHECKPOINT_POLL_SECONDS = 2.0
+"""How often a job growing back looks whether its checkpoint is written."""
 
 
 # pure decisions
@@ -199,7 +200,7 @@ def grow(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
         )
         plan.checkpoint_for = [f"{note} at {status.grow_back.requested_at}"]
         plan.event("Normal", Reason.CHECKPOINT_REQUESTED, note)
-        plan.after(CHECKPOINT_WAIT_SECONDS)
+        plan.after(CHECKPOINT_POLL_SECONDS)
         return
     if grow_back is not None:
         requested = parse(grow_back.requested_at) or plan.now
@@ -209,8 +210,7 @@ def grow(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
             saved_before=grow_back.checkpoint_save_seconds,
             saved_now=_checkpoint_seconds(facts),
         ):
-            waited = (plan.now - requested).total_seconds()
-            plan.after(max(min(CHECKPOINT_WAIT_SECONDS - waited, RECHECK_SECONDS), 1.0))
+            plan.after(CHECKPOINT_POLL_SECONDS)
             return
     _restart_full(facts, plan, world, attempt, pools)
 
