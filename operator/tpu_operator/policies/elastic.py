@@ -192,9 +192,11 @@ def grow(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
             requested_at=stamp(plan.now), checkpoint_save_seconds=_checkpoint_seconds(facts)
         )
         status.checkpoint_requests += 1
+        back = [d.index for d in status.dropped_slices]
         note = (
-            f"attempt {attempt}: a healthy node pool is there for slices "
-            + ", ".join(str(d.index) for d in status.dropped_slices)
+            f"attempt {attempt}: a healthy node pool is there for slice"
+            + ("s " if len(back) > 1 else " ")
+            + ", ".join(str(i) for i in back)
             + f" again: asking the {facts.total_workers} "
             f"workers to checkpoint before growing back to {facts.spec.num_slices} slices"
         )
