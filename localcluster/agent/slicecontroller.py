@@ -163,13 +163,24 @@ def assess(
     id_label, state_label = f"{PARTITION_PREFIX}{shape}-id", f"{PARTITION_PREFIX}{shape}-state"
     members: list[str] = []
     for pid in ids:
-        if pid in held:
-            return Verdict(
-                False, "SliceCreationFailed", f"partition {pid} is used by Slice {held[pid]}"
-            )
         names = sorted(n for n, labels in nodes.items() if labels.get(id_label) == pid)
         if not names:
             return Verdict(False, "SliceCreationFailed", f"no node of partition {pid}")
+        for name in names:  # a node is in one slice at a time, whatever its level
+            holder = next(
+                (
+                    held[v]
+                    for k, v in nodes[name].items()
+                    if k.startswith(PARTITION_PREFIX) and k.endswith("-id") and v in held
+                ),
+                None,
+            )
+            if holder is not None:
+                return Verdict(
+                    False,
+                    "SliceCreationFailed",
+                    f"partition {pid}: node {name} is used by Slice {holder}",
+                )
         states = {nodes[n].get(state_label, "UNSET") for n in names}
         cube_states = {nodes[n].get(f"{PARTITION_PREFIX}{CUBE}-state", "UNSET") for n in names}
         bad = sorted((states | cube_states) - set(USABLE))

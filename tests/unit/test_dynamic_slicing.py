@@ -129,7 +129,7 @@ def test_a_super_slice_takes_free_healthy_cubes_in_id_order():
     nodes = views(cube_nodes("a"), cube_nodes("b", state="UNHEALTHY"), cube_nodes("c"))
     found = dynamic.partitions(nodes, "4x4x4")
     assert len(found) == 3
-    choice = dynamic.choose(shape("4x4x8", "SuperSlice"), found, taken={})
+    choice = dynamic.choose(shape("4x4x8", "SuperSlice"), found, busy={})
     healthy = sorted(pid for pid, p in found.items() if p.states == frozenset({"HEALTHY"}))
     assert choice.ids == tuple(healthy)
 
@@ -139,9 +139,11 @@ def test_cubes_held_by_other_slices_or_degraded_ones_count_as_they_should():
     found = dynamic.partitions(nodes, "4x4x4")
     ids = sorted(found)
     # DEGRADED may form a slice; a cube another Slice holds may not.
-    choice = dynamic.choose(shape("4x4x4", "SuperSlice"), found, taken={ids[0]: "other"})
+    busy = dynamic.busy_nodes(nodes, {ids[0]: "other"})
+    assert len(busy) == 16
+    choice = dynamic.choose(shape("4x4x4", "SuperSlice"), found, busy)
     assert choice.ids == (ids[1],)
-    none = dynamic.choose(shape("4x4x8", "SuperSlice"), found, taken={ids[0]: "other"})
+    none = dynamic.choose(shape("4x4x8", "SuperSlice"), found, busy)
     assert none.ids is None
     assert "needs 2 free healthy 4x4x4 cubes" in none.message
     assert f"{ids[0]} (Slice other)" in none.message
@@ -151,14 +153,14 @@ def test_a_cube_with_a_vm_not_ready_or_missing_is_not_used():
     short = cube_nodes("a")[:15]
     not_ready = cube_nodes("b", ready=False)
     found = dynamic.partitions(views(short, not_ready), "4x4x4")
-    choice = dynamic.choose(shape("4x4x4", "SuperSlice"), found, taken={})
+    choice = dynamic.choose(shape("4x4x4", "SuperSlice"), found, busy={})
     assert choice.ids is None
     assert "15 of its 16 VMs" in choice.message
     assert "a VM not ready or cordoned" in choice.message
 
 
 def test_without_partition_labels_the_message_names_the_slice_controller():
-    choice = dynamic.choose(shape("2x2x2", "SubSlice"), {}, taken={})
+    choice = dynamic.choose(shape("2x2x2", "SubSlice"), {}, busy={})
     assert choice.ids is None
     assert "is the slice controller enabled?" in choice.message
 
@@ -168,8 +170,16 @@ def test_a_sub_slice_takes_one_partition_of_its_own_shape():
     found = dynamic.partitions(nodes, "2x2x2")
     assert len(found) == 8 and all(len(p.nodes) == 2 for p in found.values())
     first = sorted(found)[0]
-    choice = dynamic.choose(shape("2x2x2", "SubSlice"), found, taken={first: "x"})
+    busy = dynamic.busy_nodes(nodes, {first: "x"})
+    choice = dynamic.choose(shape("2x2x2", "SubSlice"), found, busy)
     assert choice.ids == (sorted(found)[1],)
+    # A sub-slice anywhere in a cube keeps super-slices off the whole cube, and the
+    # reverse: the levels share nodes.
+    cube = dynamic.partitions(nodes, "4x4x4")
+    blocked = dynamic.choose(shape("4x4x4", "SuperSlice"), cube, busy)
+    assert blocked.ids is None and "(Slice x)" in blocked.message
+    whole = dynamic.busy_nodes(nodes, {next(iter(cube)): "big"})
+    assert dynamic.choose(shape("2x2x2", "SubSlice"), found, whole).ids is None
 
 
 def test_a_node_of_an_unusable_cube_is_lost_to_the_slice_on_it():
@@ -297,6 +307,10 @@ def test_stand_in_refuses_what_gke_refuses():
     assert unknown.reason == "SliceCreationFailed"
     held = assess({"topology": "4x4x4", "partitionIds": ids[:1]}, nodes, {ids[0]: "other"})
     assert held.reason == "SliceCreationFailed" and "other" in held.message
+    in_held = next(labels for labels in nodes.values() if labels[CUBE_ID] == ids[0])
+    sub = in_held[contract.partition_id_label("2x2x1")]
+    inside = assess({"topology": "2x2x1", "partitionIds": [sub]}, nodes, {ids[0]: "big"})
+    assert inside.reason == "SliceCreationFailed" and "big" in inside.message
     unhealthy = [
         i
         for i in ids

@@ -97,9 +97,22 @@ class Choice:
     message: str = ""
 
 
-def choose(shape: SliceShape, found: Mapping[str, Partition], taken: Mapping[str, str]) -> Choice:
-    """The partitions a dynamic slice of ``shape`` takes: usable ones no other Slice holds
-    (``taken``: partition id -> Slice name), in id order."""
+def busy_nodes(nodes: Iterable[NodeView], taken: Mapping[str, str]) -> dict[str, str]:
+    """Node -> the Slice that holds it: every node of a partition some Slice names, at any
+    level (a sub-slice makes its cube busy for super-slices, and a super-slice its cubes'
+    sub-slice partitions)."""
+    busy: dict[str, str] = {}
+    for node in nodes:
+        for pid, _ in node.partitions.values():
+            if pid in taken:
+                busy[node.name] = taken[pid]
+                break
+    return busy
+
+
+def choose(shape: SliceShape, found: Mapping[str, Partition], busy: Mapping[str, str]) -> Choice:
+    """The partitions a dynamic slice of ``shape`` takes: usable ones none of whose nodes
+    another Slice holds (``busy``: node -> Slice name, ``busy_nodes``), in id order."""
     shape_level = level(shape)
     hosts = catalog.shape(shape.accelerator, shape_level).chips // shape.chips_per_host
     need = partitions_needed(shape)
@@ -110,8 +123,8 @@ def choose(shape: SliceShape, found: Mapping[str, Partition], taken: Mapping[str
         why = found[pid].unusable(hosts)
         if why is not None:
             unusable.append(f"{pid} ({why})")
-        elif pid in taken:
-            held.append(f"{pid} (Slice {taken[pid]})")
+        elif holder := next((busy[n] for n in found[pid].nodes if n in busy), None):
+            held.append(f"{pid} (Slice {holder})")
         else:
             free.append(pid)
     if len(free) >= need:

@@ -431,10 +431,12 @@ class SliceRun:
             current = mine.get(name)
             if current is None:
                 everyone = await kube.request("GET", SLICES_PATH)
+                nodes = self.ctx.caches.tpu_nodes()
+                taken = dynamic.taken_partitions((everyone or {}).get("items", []))
                 choice = dynamic.choose(
                     self.shape,
-                    dynamic.partitions(self.ctx.caches.tpu_nodes(), dynamic.level(self.shape)),
-                    dynamic.taken_partitions((everyone or {}).get("items", [])),
+                    dynamic.partitions(nodes, dynamic.level(self.shape)),
+                    dynamic.busy_nodes(nodes, taken),
                 )
                 self._after(DYNAMIC_SLICE_RECHECK_SECONDS)
                 if choice.ids is None:
