@@ -524,7 +524,7 @@ def peak_bf16_flops_per_device(device_kind: str) -> float | None:
     return generation.peak_bf16_flops_per_chip / generation.jax_devices_per_chip
 
 
-# Ironwood dynamic slicing (docs/tasks/capacity.md#ironwood-dynamic-slicing cites the
+# Ironwood dynamic slicing (docs/tasks/dynamic-slicing.md cites the
 # sources): capacity comes as 4x4x4 cubes (reservation sub-blocks, 16 VMs of 4 chips);
 # GKE's slice controller stitches cubes into a super-slice (every dimension a multiple of
 # 4, A<=B<=C, at most 9,216 chips) or cuts one cube into sub-slices of these shapes.

@@ -49,7 +49,7 @@ CLAIM_PREFIX: Final = "auto:"
 """Prefix of a claim reference: a pool GKE is asked to create (``auto:<label value>``), as
 ``status.nodePools`` and a pod's pool key name it."""
 TPU_RESOURCE: Final = "google.com/tpu"
-# Ironwood dynamic slicing (``placement/dynamic.py``; sources in docs/tasks/capacity.md).
+# Ironwood dynamic slicing (``placement/dynamic.py``; sources in docs/tasks/dynamic-slicing.md).
 NODE_LABEL_TPU_SLICE: Final = "cloud.google.com/gke-tpu-slice"
 """Set by GKE's slice controller on the nodes of an active Slice: the Slice's name."""
 ANNOTATION_SLICE_TOPOLOGY: Final = "cloud.google.com/gke-tpu-slice-topology"

@@ -182,6 +182,14 @@ def test_a_sub_slice_takes_one_partition_of_its_own_shape():
     assert dynamic.choose(shape("2x2x2", "SubSlice"), found, whole).ids is None
 
 
+def test_a_sub_slice_is_not_cut_from_an_unhealthy_cube():
+    # GKE marks the cube UNHEALTHY; the labels of its 2x2x2 partitions still say HEALTHY.
+    nodes = views(cube_nodes("a", state="UNHEALTHY"))
+    found = dynamic.partitions(nodes, "2x2x2")
+    choice = dynamic.choose(shape("2x2x2", "SubSlice"), found, busy={})
+    assert choice.ids is None and "state UNHEALTHY" in choice.message
+
+
 def test_a_node_of_an_unusable_cube_is_lost_to_the_slice_on_it():
     healthy, bad = cube_nodes("a"), cube_nodes("b", state="UNHEALTHY")
     degraded = cube_nodes("c", state="DEGRADED")

@@ -197,7 +197,7 @@ class ShapeFields(ApiModel):
     pool of its shape. SuperSlice: whole cubes stitched together (topology AxBxC, each a
     multiple of 4, A<=B<=C, e.g. 4x4x8). SubSlice: part of one cube (2x2x1, 2x2x2, 2x2x4
     or 2x4x4). The operator forms a Slice (accelerator.gke.io) of healthy cubes for each
-    attempt; docs/tasks/capacity.md#ironwood-dynamic-slicing."""
+    attempt; docs/tasks/dynamic-slicing.md."""
 
     def resolve(self) -> catalog.SliceShape:
         """The catalog shape; raises CatalogError with the valid choices."""

@@ -16,7 +16,7 @@ choose free partitions whose every node is Ready and whose state is HEALTHY or D
 create the Slice, wait until it is Ready, then create the pods. A cube whose state turns
 to anything else under a running slice makes its nodes lost (``cube_lost``): the gang
 restarts as after a lost node, and the next attempt forms a new Slice of healthy cubes.
-Sources: docs/tasks/capacity.md#ironwood-dynamic-slicing.
+Sources: docs/tasks/dynamic-slicing.md.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class Partition:
     id: str
     nodes: tuple[str, ...]
     states: frozenset[str]
-    """The partition's state as its nodes' labels give it (one value when consistent)."""
+    """The partition's state as its nodes' labels give it (one value when consistent),
+    with its cube's for a sub-slice partition."""
     ready: bool
     """Every node Ready and schedulable."""
 
@@ -77,6 +78,9 @@ def partitions(nodes: Iterable[NodeView], shape: str) -> dict[str, Partition]:
         names, states, ready = found.setdefault(pid, ([], set(), []))
         names.append(node.name)
         states.add(state or "UNSET")
+        cube = node.partitions.get(catalog.CUBE_TOPOLOGY)
+        if cube is not None and shape != catalog.CUBE_TOPOLOGY:
+            states.add(cube[1] or "UNSET")  # a sub-slice is no healthier than its cube
         ready.append(node.ready and not node.unschedulable)
     return {
         pid: Partition(pid, tuple(sorted(names)), frozenset(states), all(ready))
