@@ -27,7 +27,7 @@ def should_start(facts: JobFacts, plan: Plan, attempt: int) -> bool:
     return (
         attempt == 0
         or status.phase in (Phase.SUSPENDED, Phase.QUEUED)
-        or (facts.shape.multi_host and not status.node_pools)
+        or (facts.shape.needs_pool and not status.node_pools)
     )
 
 
@@ -42,7 +42,7 @@ def start(
     resuming = plan.condition_is(ConditionType.SUSPENDED, True)
     plan.account.resume()  # a suspended or evicted job: its wait is scheduling again
     creating = ""
-    if facts.shape.multi_host and not status.node_pools:
+    if facts.shape.needs_pool and not status.node_pools:
         pools = admitted or allocate(facts, plan, world)
         if pools is None:
             return
