@@ -54,6 +54,8 @@ from tpu_operator.state.documents import (
     ListMetadata,
     NodeDocument,
     PodDocument,
+    RawListDocument,
+    RawWatchEvent,
     WatchEvent,
     metadata_of,
 )
@@ -327,14 +329,19 @@ class Kind:
     pages: msgspec.json.Decoder[Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        # A whole object is cut out of its event or page as raw JSON, then decoded alone.
-        document = msgspec.Raw if self.document is None else self.document
-        object.__setattr__(self, "events", msgspec.json.Decoder(WatchEvent[document]))  # type: ignore[valid-type]
-        object.__setattr__(self, "pages", msgspec.json.Decoder(ListDocument[document]))  # type: ignore[valid-type]
+        if self.document is None:
+            # A whole object is cut out of its event or page as raw JSON, decoded alone.
+            events: Any = RawWatchEvent
+            pages: Any = RawListDocument
+        else:
+            events = WatchEvent[self.document]  # type: ignore[name-defined]
+            pages = ListDocument[self.document]  # type: ignore[name-defined]
+        object.__setattr__(self, "events", msgspec.json.Decoder(events))
+        object.__setattr__(self, "pages", msgspec.json.Decoder(pages))
 
     def decoded(self, item: Any) -> Any:
         """The document of one listed or watched object: a whole object's JSON decoded."""
-        return json.loads(item) if self.document is None else item
+        return json.loads(bytes(item)) if self.document is None else item
 
     def store(self) -> Store:
         """An empty store of this kind's views."""
@@ -618,6 +625,8 @@ class ListWatch:
         if document is None or kind == "ERROR":
             _error_event(line, self.kind.name)
         document = self.kind.decoded(document)
+        if document is None:  # a whole object's event without one
+            _error_event(line, self.kind.name)
         new_version = resource_version(document) or version
         if kind == "BOOKMARK":
             return new_version
