@@ -1,4 +1,4 @@
-"""Benchmark: a thousand TPUJobs (about 10,000 pods) applied at once, against the bare client.
+"""Benchmark: a thousand TPUJobs (about 10,000 pods) at once, against the bare client and JobSet.
 
 A platform's busy day, not one large job: ``--jobs N`` TPUJobs of a mix a shared cluster
 has, per 100 jobs
@@ -23,13 +23,26 @@ cluster:
 - ``bare``: ``bare_client.py`` (the official client in 32 threads, raw JSON) POSTs the same
   pods (built with the operator's ``worker_pod``; without owner references, since nothing
   here collects them) and nothing else; timed from its go to every pod Running.
+- ``jobset``: JobSet (``jobset.py``, built from its Go module; namespace ``load-js``) gets
+  the same jobs as JobSets, POSTed 32 at a time: one replicated Indexed Job per slice, the
+  operator's worker pod spec, a node pool per multi-host slice through JobSet's exclusive
+  placement, the single-host jobs on their shared pool by node selector. Its CPU is the
+  JobSet controller's plus the kube-controller-manager's (whose Job controller creates
+  JobSet's pods); its RSS is measured steady and after a SIGKILL and restart.
+- ``operator-b`` (only when asked for, with ``--b-source DIR``): the operator of another
+  checkout, run as ``operator`` is, for an A/B in the same run.
+
+Each variant's deletion is timed too: one collection DELETE of its top-level objects
+(TPUJobs, JobSets, the bare client's pods), background propagation, until every pod is
+gone. Repetitions rotate the variants' order.
 
 Operator CPU is also sampled every ``WINDOW`` seconds while jobs start (the peak window's
-share of a core). Figures are printed as a Markdown table and written to
-``bench/results/load.json``.
+share of a core). Figures are printed as Markdown tables, with ratios of the same
+repetition, and written to ``bench/results/load.json`` with each trial's load average.
 
     .venv/bin/python bench/load.py [--jobs 1000] [--reps 1] [--steady 60] [--profile DIR]
         [--tracemalloc DIR | --mallocstats DIR]
+        [--variants operator operator-b bare jobset] [--b-source DIR]
 
 The operator runs as its image installs it (``localcluster.images.operator_venv``: the
 ``operator`` extra alone), so its memory is what a cluster would see, not that of the
@@ -665,6 +678,8 @@ async def drive(bench: Bench, reps: int) -> None:
                 result = await trials[variant](bench, rep)
                 result["load_average"] = os.getloadavg()
                 bench.trials.append({"variant": variant, "rep": rep, **result})
+                # Every finished trial at once: a long run that fails later keeps them.
+                harness.write_results("load.partial", {"trials": bench.trials})
                 say(f"rep {rep} {variant}: all Running {result['running']:.1f} s, "
                     f"CPU {result['cpu']:.1f} s, delete {result['delete']:.1f} s")  # fmt: skip
     finally:
