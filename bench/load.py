@@ -317,7 +317,7 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
     total, count = bench.total_pods, len(bench.plans)
     try:
         harness.reset_peak(operator.pid)
-        cpu, requests = operator.cpu(), operator.requests()
+        cpu, requests = operator.cpu(), requests_of(operator)
         sampler = CpuSampler(operator.pid)
         profiler = await harness.profile(
             operator.pid, bench.profile, f"load-start-{variant}-{rep}.txt"
@@ -345,14 +345,14 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
         shares = await sampler.stop()
         result["cpu"] = operator.cpu() - cpu
         result["cpu_peak_share"] = max(shares, default=None)
-        result["requests"] = harness.deltas(operator.requests(), requests)
+        result["requests"] = harness.deltas(requests_of(operator), requests)
         result["peak_mb"] = harness.memory_mb(operator.pid)["peak"]
         say(f"{variant}: all Running after {result['running']:.1f} s; steady window")
         await asyncio.sleep(10)  # paced status writes of the last jobs
-        cpu, requests, at = operator.cpu(), operator.requests(), time.monotonic()
+        cpu, requests, at = operator.cpu(), requests_of(operator), time.monotonic()
         await asyncio.sleep(bench.steady)
         elapsed = time.monotonic() - at
-        moved = harness.deltas(operator.requests(), requests)
+        moved = harness.deltas(requests_of(operator), requests)
         result["steady"] = {
             "cpu_share": (operator.cpu() - cpu) / elapsed,
             "rss_mb": harness.memory_mb(operator.pid)["rss"],
@@ -367,6 +367,17 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
         operator.stop()
     result["delete"] = deleted
     return result
+
+
+def requests_of(operator: harness.Operator, tries: int = 5) -> dict[str, float]:
+    """The operator's API requests so far, asked again when its metrics answer late (a
+    loaded machine: the read has a 5 s timeout)."""
+    for _ in range(tries - 1):
+        try:
+            return operator.requests()
+        except OSError:
+            time.sleep(1)
+    return operator.requests()
 
 
 async def pod_uids(bench: Bench, namespace: str) -> set[str]:
@@ -387,7 +398,10 @@ async def restart(
     healthy = time.monotonic() - started
     profiler = await harness.profile(operator.pid, profile, f"load-restart-{trial}.txt")
     while True:
-        events = harness.watch_events(operator.metrics())
+        try:
+            events = harness.watch_events(operator.metrics())
+        except OSError:  # timeouts included: a loaded machine answers late; ask again
+            events = {"pods": 0, "jobs": 0}
         if events["pods"] >= pods and events["jobs"] >= jobs:
             break
         if time.monotonic() - started > TIMEOUT:
@@ -396,13 +410,13 @@ async def restart(
     filled = time.monotonic() - started
     if profiler is not None:
         await profiler.stop()
-    before = operator.requests()
+    before = requests_of(operator)
     await asyncio.sleep(20)
     return {
         "healthy": healthy,
         "caches_filled": filled,
         "rss_mb": harness.memory_mb(operator.pid)["rss"],
-        "requests_after": harness.deltas(operator.requests(), before),
+        "requests_after": harness.deltas(requests_of(operator), before),
         "pods_changed": len(uids ^ await pod_uids(bench, namespace)),
     }
 
