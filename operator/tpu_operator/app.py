@@ -253,7 +253,7 @@ class Runtime:
         self._housekeeping_task: asyncio.Task[None] | None = None
         self._trim_task: asyncio.Task[None] | None = None
         self.acting = False
-        """Whether this replica reconciles (the kopf handlers enqueue only then)."""
+        """Whether this replica reconciles (the event handlers enqueue only then)."""
         self.listed = asyncio.Event()
         """Set by the first kopf event handler call (Kueue Workloads, ``--kueue``): kopf
         calls none before every index has its initial listing."""

@@ -289,7 +289,7 @@ class Store(Mapping[Any, Collection[Any]]):
                 if not counts:
                     del self._counts[group]
 
-    # kopf's indexes drop an object through ``_discard``; ``Caches.forget`` calls that.
+    # ``Caches.forget`` drops an object through ``_discard`` (the audit's).
     _discard = discard
 
     def _unfile(self, ident: Identity, view: Any, keep: Keys | None = None) -> None:
