@@ -206,6 +206,13 @@ class JobSetController:
                 }
             )
         )
+        self._launch()
+        for document in webhook_configurations(self.source, self.webhook_port, ca):
+            self.cluster.kubectl("apply", "-f", "-", input=json.dumps(document))
+        harness.say(f"JobSet {VERSION} controller running (pid {self.process.pid})")
+
+    def _launch(self) -> None:
+        config = self.workdir / "config.yaml"
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [str(self.binary), f"--config={config}", "--zap-devel=false"],
@@ -215,9 +222,19 @@ class JobSetController:
                 start_new_session=True,
             )
         self._wait_ready()
-        for document in webhook_configurations(self.source, self.webhook_port, ca):
-            self.cluster.kubectl("apply", "-f", "-", input=json.dumps(document))
-        harness.say(f"JobSet {VERSION} controller running (pid {self.process.pid})")
+
+    def kill_and_start(self) -> None:
+        """SIGKILL the controller and start it again (same configuration and certificate,
+        so the webhook configurations still point at it); returns once it is ready."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(15)
+        self._launch()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
 
     def _wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

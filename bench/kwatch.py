@@ -20,7 +20,7 @@ from typing import Any
 from harness import say
 
 from localcluster import Cluster
-from localcluster.agent.kube import Kube
+from localcluster.agent.kube import Kube, WatchExpired
 
 
 def connect(cluster: Cluster, *, limit: int = 32) -> Kube:
@@ -80,14 +80,37 @@ class Watch:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self, version: str) -> None:
-        """Follow the stream; when the server ends it, go on from the last version seen."""
+        """Follow the stream; when the server ends it, go on from the last version seen,
+        or, when that version is too old (a loaded apiserver ended many watches), list
+        again (``_relist``)."""
         while True:
             params = {"resourceVersion": version, "timeoutSeconds": "3600"}
-            async for event in self.api.watch(self.path, params):
-                version = event["object"]["metadata"]["resourceVersion"]
-                if event["type"] != "BOOKMARK":
-                    self._apply(event["type"], event["object"], time.monotonic())
+            try:
+                async for event in self.api.watch(self.path, params):
+                    version = event["object"]["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        self._apply(event["type"], event["object"], time.monotonic())
+            except WatchExpired:
+                version = await self._relist()
             self.reconnects += 1
+
+    async def _relist(self) -> str:
+        """List again: every object listed is applied as changed, every one known alive
+        and not listed as deleted (now: the event's time is lost)."""
+        listing = await self.api.call("GET", self.path)
+        now = time.monotonic()
+        listed = set()
+        for item in listing.get("items") or []:
+            listed.add(item["metadata"]["uid"])
+            self._apply("MODIFIED", item, now)
+        for uid, name in self._alive().items():
+            if uid not in listed:
+                self._apply("DELETED", {"metadata": {"uid": uid, "name": name}}, now)
+        return str(listing["metadata"]["resourceVersion"])
+
+    def _alive(self) -> dict[str, str]:
+        """UID -> name of the objects seen and not deleted."""
+        return {uid: s.name for uid, s in self.objects.items() if s.deleted is None}
 
     def _apply(self, kind: str, obj: dict[str, Any], now: float) -> None:
         meta = obj["metadata"]

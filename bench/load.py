@@ -1,4 +1,4 @@
-"""Benchmark: a thousand TPUJobs (about 10,000 pods) applied at once, against the bare client.
+"""Benchmark: a thousand TPUJobs (about 10,000 pods) at once, against the bare client and JobSet.
 
 A platform's busy day, not one large job: ``--jobs N`` TPUJobs of a mix a shared cluster
 has, per 100 jobs
@@ -23,13 +23,26 @@ cluster:
 - ``bare``: ``bare_client.py`` (the official client in 32 threads, raw JSON) POSTs the same
   pods (built with the operator's ``worker_pod``; without owner references, since nothing
   here collects them) and nothing else; timed from its go to every pod Running.
+- ``jobset``: JobSet (``jobset.py``, built from its Go module; namespace ``load-js``) gets
+  the same jobs as JobSets, POSTed 32 at a time: one replicated Indexed Job per slice, the
+  operator's worker pod spec, a node pool per multi-host slice through JobSet's exclusive
+  placement, the single-host jobs on their shared pool by node selector. Its CPU is the
+  JobSet controller's plus the kube-controller-manager's (whose Job controller creates
+  JobSet's pods); its RSS is measured steady and after a SIGKILL and restart.
+- ``operator-b`` (only when asked for, with ``--b-source DIR``): the operator of another
+  checkout, run as ``operator`` is, for an A/B in the same run.
+
+Each variant's deletion is timed too: one collection DELETE of its top-level objects
+(TPUJobs, JobSets, the bare client's pods), background propagation, until every pod is
+gone. Repetitions rotate the variants' order.
 
 Operator CPU is also sampled every ``WINDOW`` seconds while jobs start (the peak window's
-share of a core). Figures are printed as a Markdown table and written to
-``bench/results/load.json``.
+share of a core). Figures are printed as Markdown tables, with ratios of the same
+repetition, and written to ``bench/results/load.json`` with each trial's load average.
 
     .venv/bin/python bench/load.py [--jobs 1000] [--reps 1] [--steady 60] [--profile DIR]
         [--tracemalloc DIR | --mallocstats DIR]
+        [--variants operator operator-b bare jobset] [--b-source DIR]
 
 The operator runs as its image installs it (``localcluster.images.operator_venv``: the
 ``operator`` extra alone), so its memory is what a cluster would see, not that of the
@@ -47,12 +60,14 @@ import argparse
 import asyncio
 import copy
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import harness
+import jobset
 from harness import say
 from kwatch import Watch, connect
 from pod_creation import BareProcess
@@ -67,7 +82,14 @@ from tpu_operator.builders.wiring import PodWiring
 MIX = (("v5litepod-4", 1, 40), ("v5litepod-16", 1, 30), ("v5litepod-64", 1, 22),
        ("v5litepod-128", 2, 8))  # fmt: skip
 """(slice type, slices per job, jobs per 100)."""
-NAMESPACES = {"operator": "load-op", "bare": "load-bare"}
+NAMESPACES = {
+    "operator": "load-op",
+    "operator-b": "load-opb",
+    "bare": "load-bare",
+    "jobset": "load-js",
+}
+VARIANTS = tuple(NAMESPACES)
+"""``operator-b``: the operator of another checkout (``--b-source``), for an A/B."""
 SINGLE_POOL = "v5e-single"
 ATTEMPT = contract.LABEL_RESTART_ATTEMPT
 CONCURRENCY = 32
@@ -187,6 +209,10 @@ class Bench:
     """Where the operator writes its allocators' statistics (``bench/memhook``), if anywhere."""
     operator_env: dict[str, str] = field(default_factory=dict)
     """Extra environment of the operator (``--operator-env``: an allocator setting, say)."""
+    jobset: jobset.JobSetController | None = None
+    variants: tuple[str, ...] = VARIANTS
+    b_source: Path | None = None
+    """The checkout the ``operator-b`` variant runs (``--b-source``)."""
     trials: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -226,14 +252,20 @@ async def post_all(api: Kube, bodies: list[tuple[str, dict[str, Any]]]) -> None:
     await asyncio.gather(*(post(path, body) for path, body in bodies))
 
 
-async def drain(bench: Bench, namespace: str, pods: PodCounts) -> None:
-    """Delete the TPUJobs (their slices and pods go with them) and any pod left. A
-    collection DELETE of thousands of objects can outlive the client's timeout and stop
+async def drain(
+    bench: Bench, namespace: str, pods: PodCounts, paths: list[str] | None = None
+) -> float:
+    """Delete the variant's objects (``paths``, collection DELETEs; TPUJobs by default:
+    their slices and pods go with them) and return the seconds until every pod is gone.
+    A collection DELETE of thousands of objects can outlive the client's timeout and stop
     part-way (measured with 10,240 pods: 3,721 pods and 421 TPUJobs were left), so it is
-    sent again every ``DRAIN_RETRY`` seconds until nothing is left."""
-    deadline = time.monotonic() + TIMEOUT
+    sent again every ``DRAIN_RETRY`` seconds, with the pods' own collection, until nothing
+    is left."""
+    paths = paths or [jobs_path(namespace)]
+    started = time.monotonic()
+    deadline = started + TIMEOUT
     while True:
-        for path in (jobs_path(namespace), pods_path(namespace)):
+        for path in paths:
             try:
                 await bench.api.call("DELETE", f"{path}?propagationPolicy=Background", ok=(404,))
             except TimeoutError:
@@ -245,7 +277,11 @@ async def drain(bench: Bench, namespace: str, pods: PodCounts) -> None:
             if time.monotonic() > deadline:
                 raise
             say(f"{pods.live} pods of {namespace} left; deleting again")
+            if pods_path(namespace) not in paths:
+                paths = [*paths, pods_path(namespace)]
+    elapsed = time.monotonic() - started
     await pods.stop()
+    return elapsed
 
 
 def memhook(bench: Bench, rep: int) -> dict[str, str]:
@@ -265,10 +301,14 @@ def memhook(bench: Bench, rep: int) -> dict[str, str]:
     return dict(bench.operator_env)
 
 
-async def trial_operator(bench: Bench, rep: int) -> dict[str, Any]:
-    namespace = NAMESPACES["operator"]
+async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> dict[str, Any]:
+    namespace = NAMESPACES[variant]
     operator = harness.Operator(
-        bench.cluster, f"load-{rep}", [f"--namespace={namespace}"], env=memhook(bench, rep)
+        bench.cluster,
+        f"load-{variant}-{rep}",
+        [f"--namespace={namespace}"],
+        source=bench.b_source if variant == "operator-b" else None,
+        env=memhook(bench, rep),
     )
     operator.start()
     pods = PodCounts(bench.api, pods_path(namespace))
@@ -277,11 +317,13 @@ async def trial_operator(bench: Bench, rep: int) -> dict[str, Any]:
     total, count = bench.total_pods, len(bench.plans)
     try:
         harness.reset_peak(operator.pid)
-        cpu, requests = operator.cpu(), operator.requests()
+        cpu, requests = operator.cpu(), requests_of(operator)
         sampler = CpuSampler(operator.pid)
-        profiler = await harness.profile(operator.pid, bench.profile, f"load-start-{rep}.txt")
+        profiler = await harness.profile(
+            operator.pid, bench.profile, f"load-start-{variant}-{rep}.txt"
+        )
         started = time.monotonic()
-        say(f"operator: POSTing {count} TPUJobs ({total} pods)")
+        say(f"{variant}: POSTing {count} TPUJobs ({total} pods)")
         await post_all(
             bench.api, [(jobs_path(namespace), tpujob(p, namespace)) for p in bench.plans]
         )
@@ -303,27 +345,39 @@ async def trial_operator(bench: Bench, rep: int) -> dict[str, Any]:
         shares = await sampler.stop()
         result["cpu"] = operator.cpu() - cpu
         result["cpu_peak_share"] = max(shares, default=None)
-        result["requests"] = harness.deltas(operator.requests(), requests)
+        result["requests"] = harness.deltas(requests_of(operator), requests)
         result["peak_mb"] = harness.memory_mb(operator.pid)["peak"]
-        say(f"operator: all Running after {result['running']:.1f} s; steady window")
+        say(f"{variant}: all Running after {result['running']:.1f} s; steady window")
         await asyncio.sleep(10)  # paced status writes of the last jobs
-        cpu, requests, at = operator.cpu(), operator.requests(), time.monotonic()
+        cpu, requests, at = operator.cpu(), requests_of(operator), time.monotonic()
         await asyncio.sleep(bench.steady)
         elapsed = time.monotonic() - at
-        moved = harness.deltas(operator.requests(), requests)
+        moved = harness.deltas(requests_of(operator), requests)
         result["steady"] = {
             "cpu_share": (operator.cpu() - cpu) / elapsed,
             "rss_mb": harness.memory_mb(operator.pid)["rss"],
             "requests_per_s": sum(moved.values()) / elapsed,
             "requests": moved,
         }
-        result["restart"] = await restart(bench, operator, namespace, rep)
+        result["restart"] = await restart(bench, operator, namespace, f"{variant}-{rep}")
     finally:
         await jobs.stop()
-        say("operator: deleting the jobs")
-        await drain(bench, namespace, pods)
+        say(f"{variant}: deleting the jobs")
+        deleted = await drain(bench, namespace, pods)
         operator.stop()
+    result["delete"] = deleted
     return result
+
+
+def requests_of(operator: harness.Operator, tries: int = 5) -> dict[str, float]:
+    """The operator's API requests so far, asked again when its metrics answer late (a
+    loaded machine: the read has a 5 s timeout)."""
+    for _ in range(tries - 1):
+        try:
+            return operator.requests()
+        except OSError:
+            time.sleep(1)
+    return operator.requests()
 
 
 async def pod_uids(bench: Bench, namespace: str) -> set[str]:
@@ -332,7 +386,7 @@ async def pod_uids(bench: Bench, namespace: str) -> set[str]:
 
 
 async def restart(
-    bench: Bench, operator: harness.Operator, namespace: str, rep: int
+    bench: Bench, operator: harness.Operator, namespace: str, trial: str
 ) -> dict[str, Any]:
     """SIGKILL the operator, start it again; how long until its caches are full again,
     what it sends in the 20 s after, and whether any pod was created or deleted."""
@@ -342,9 +396,12 @@ async def restart(
     started = time.monotonic()
     await asyncio.to_thread(operator.start)
     healthy = time.monotonic() - started
-    profiler = await harness.profile(operator.pid, profile, f"load-restart-{rep}.txt")
+    profiler = await harness.profile(operator.pid, profile, f"load-restart-{trial}.txt")
     while True:
-        events = harness.watch_events(operator.metrics())
+        try:
+            events = harness.watch_events(operator.metrics())
+        except OSError:  # timeouts included: a loaded machine answers late; ask again
+            events = {"pods": 0, "jobs": 0}
         if events["pods"] >= pods and events["jobs"] >= jobs:
             break
         if time.monotonic() - started > TIMEOUT:
@@ -353,13 +410,13 @@ async def restart(
     filled = time.monotonic() - started
     if profiler is not None:
         await profiler.stop()
-    before = operator.requests()
+    before = requests_of(operator)
     await asyncio.sleep(20)
     return {
         "healthy": healthy,
         "caches_filled": filled,
         "rss_mb": harness.memory_mb(operator.pid)["rss"],
-        "requests_after": harness.deltas(operator.requests(), before),
+        "requests_after": harness.deltas(requests_of(operator), before),
         "pods_changed": len(uids ^ await pod_uids(bench, namespace)),
     }
 
@@ -386,80 +443,259 @@ async def trial_bare(bench: Bench, rep: int) -> dict[str, Any]:
         if bare.process.returncode is None:
             bare.process.kill()
             await bare.process.wait()
-        await drain(bench, namespace, pods)
+        deleted = await drain(bench, namespace, pods, [pods_path(namespace)])
+    result["delete"] = deleted
     return result
 
 
-def figures(trials: list[dict[str, Any]], pods: int) -> dict[str, Any]:
-    """Per variant: medians [min-max] of the times, CPU per pod; operator/bare ratios."""
-    out: dict[str, Any] = {}
-    for variant in NAMESPACES:
-        mine = [t for t in trials if t["variant"] == variant]
-        out[variant] = {
-            key: harness.summary([t[key] for t in mine]) for key in ("created", "running", "cpu")
+def jobset_manifest(p: JobPlan, namespace: str) -> dict[str, Any]:
+    """The job as JobSet runs it: one replicated Indexed Job per slice (``p.slices``
+    replicas of ``hosts`` pods), the operator's worker 0 pod spec (without its hostname
+    and subdomain). A multi-host slice gets a node pool of its own through JobSet's
+    exclusive placement, as JobSet's TPU users do; single-host jobs share their pool,
+    pinned to it by a node selector (exclusive placement would give the whole pool to
+    one of them)."""
+    single = p.shape.hosts == 1
+    wiring = PodWiring(
+        job_name=p.name,
+        service=p.name,
+        slice_name=contract.slice_name(p.name, 0),
+        shape=p.shape,
+        num_slices=p.slices,
+        slice_index=0,
+        worker_index=0,
+        attempt=1,
+    )
+    pod = worker_pod(
+        namespace=namespace,
+        wiring=wiring,
+        template=harness.WORKER_TEMPLATE,
+        owner=Owner("v1", "None", "none", "0"),
+        placement=NodePlacement(node_pool=SINGLE_POOL if single else None),
+    )
+    spec = pod["spec"]
+    for key in ("hostname", "subdomain"):
+        spec.pop(key, None)
+    metadata: dict[str, Any] = {"name": p.name, "namespace": namespace}
+    if not single:
+        metadata["annotations"] = {jobset.EXCLUSIVE_KEY: contract.NODE_LABEL_NODEPOOL}
+    hosts = p.shape.hosts
+    job = {
+        "parallelism": hosts,
+        "completions": hosts,
+        "completionMode": "Indexed",
+        "backoffLimit": 0,
+        "template": {"spec": spec},
+    }
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": metadata,
+        "spec": {
+            "failurePolicy": {"maxRestarts": 1000},
+            "replicatedJobs": [{"name": "slice", "replicas": p.slices, "template": {"spec": job}}],
+        },
+    }
+
+
+def jobsets_path(namespace: str) -> str:
+    return f"{jobset.API}/namespaces/{namespace}/jobsets"
+
+
+def controller_cpu(bench: Bench) -> tuple[float, float]:
+    """JobSet's controller CPU and the kube-controller-manager's (whose Job controller
+    creates and deletes JobSet's pods: JobSet's work, where the operator does its own)."""
+    assert bench.jobset is not None
+    kcm = int(bench.cluster.status()["processes"]["kube-controller-manager"]["pid"])
+    return bench.jobset.cpu(), harness.cpu_seconds(kcm)
+
+
+async def trial_jobset(bench: Bench, rep: int) -> dict[str, Any]:
+    assert bench.jobset is not None
+    namespace = NAMESPACES["jobset"]
+    total, count = bench.total_pods, len(bench.plans)
+    pods = PodCounts(bench.api, pods_path(namespace))
+    await pods.start()
+    controller = bench.jobset
+    try:
+        harness.reset_peak(controller.pid)
+        own, kcm = controller_cpu(bench)
+        started = time.monotonic()
+        say(f"jobset: POSTing {count} JobSets ({total} pods)")
+        await post_all(
+            bench.api,
+            [(jobsets_path(namespace), jobset_manifest(p, namespace)) for p in bench.plans],
+        )
+        posted = time.monotonic() - started
+        await pods.wait(lambda: pods.at("running", "", total), TIMEOUT, "every pod Running")
+        own_after, kcm_after = controller_cpu(bench)
+        result: dict[str, Any] = {
+            "posted": posted,
+            "created": pods.at("created", "", total) - started,  # type: ignore[operator]
+            "running": pods.at("running", "", total) - started,  # type: ignore[operator]
+            "cpu": (own_after - own) + (kcm_after - kcm),
+            "cpu_jobset": own_after - own,
+            "peak_mb": harness.memory_mb(controller.pid)["peak"],
         }
-        out[variant]["cpu_ms_per_pod"] = harness.summary([1000 * t["cpu"] / pods for t in mine])
-    op = {t["rep"]: t for t in trials if t["variant"] == "operator"}
-    bare = {t["rep"]: t for t in trials if t["variant"] == "bare"}
-    common = sorted(set(op) & set(bare))
-    for key in ("created", "running", "cpu"):
-        out[f"{key}_vs_bare"] = harness.summary([op[r][key] / bare[r][key] for r in common])
+        say(f"jobset: all Running after {result['running']:.1f} s; steady window")
+        await asyncio.sleep(10)
+        own, at = controller.cpu(), time.monotonic()
+        await asyncio.sleep(bench.steady)
+        result["steady"] = {
+            "cpu_share": (controller.cpu() - own) / (time.monotonic() - at),
+            "rss_mb": harness.memory_mb(controller.pid)["rss"],
+        }
+        uids = await pod_uids(bench, namespace)
+        await asyncio.to_thread(controller.kill_and_start)
+        await asyncio.sleep(20)
+        result["restart"] = {
+            "rss_mb": harness.memory_mb(controller.pid)["rss"],
+            "pods_changed": len(uids ^ await pod_uids(bench, namespace)),
+        }
+    finally:
+        say("jobset: deleting the jobs")
+        deleted = await drain(bench, namespace, pods, [jobsets_path(namespace)])
+    result["delete"] = deleted
+    return result
+
+
+PAIRS = (
+    ("operator", "bare"),
+    ("operator-b", "bare"),
+    ("jobset", "bare"),
+    ("operator", "jobset"),
+    ("operator", "operator-b"),
+)
+"""The ratios reported, each of the same repetition: (numerator, denominator)."""
+
+
+def figures(trials: list[dict[str, Any]], pods: int) -> dict[str, Any]:
+    """Per variant: medians [min-max] of the times, CPU per pod, memory; ratios of the
+    same repetition against the bare client and, for the operator, against JobSet."""
+    out: dict[str, Any] = {}
+    by_variant: dict[str, dict[int, dict[str, Any]]] = {}
+    for t in trials:
+        by_variant.setdefault(t["variant"], {})[t["rep"]] = t
+    for variant, mine in by_variant.items():
+        runs = list(mine.values())
+        out[variant] = {
+            key: harness.summary([t[key] for t in runs])
+            for key in ("created", "running", "cpu", "delete")
+        }
+        out[variant]["cpu_ms_per_pod"] = harness.summary([1000 * t["cpu"] / pods for t in runs])
+        for key, get in (
+            ("peak_mb", lambda t: t["peak_mb"]),
+            ("steady_rss_mb", lambda t: t["steady"]["rss_mb"]),
+            ("steady_cpu_share", lambda t: t["steady"]["cpu_share"]),
+            ("restart_rss_mb", lambda t: t["restart"]["rss_mb"]),
+            ("restart_pods_changed", lambda t: t["restart"]["pods_changed"]),
+        ):  # fmt: skip
+            if all("steady" in t for t in runs):
+                out[variant][key] = harness.summary([get(t) for t in runs])
+
+    def ratios(a: str, b: str) -> None:
+        common = sorted(set(by_variant.get(a, {})) & set(by_variant.get(b, {})))
+        if not common:
+            return
+        for key in ("running", "cpu", "delete"):
+            out[f"{a}_{key}_vs_{b}"] = harness.summary(
+                [by_variant[a][r][key] / by_variant[b][r][key] for r in common]
+            )
+
+    for a, b in PAIRS:
+        ratios(a, b)
+    op = by_variant.get("operator", {})
     for key, get in (
         ("job_running", lambda t: t["job_running"]),
-        ("peak_mb", lambda t: t["peak_mb"]),
         ("cpu_peak_share", lambda t: t["cpu_peak_share"]),
-        ("steady_cpu_share", lambda t: t["steady"]["cpu_share"]),
-        ("steady_rss_mb", lambda t: t["steady"]["rss_mb"]),
         ("steady_requests_per_s", lambda t: t["steady"]["requests_per_s"]),
         ("restart_caches_filled", lambda t: t["restart"]["caches_filled"]),
-        ("restart_rss_mb", lambda t: t["restart"]["rss_mb"]),
-        ("restart_pods_changed", lambda t: t["restart"]["pods_changed"]),
         ("restart_requests", lambda t: sum(t["restart"]["requests_after"].values())),
     ):  # fmt: skip
-        out[key] = harness.summary([get(t) for t in op.values()])
+        if op:
+            out[key] = harness.summary([get(t) for t in op.values()])
     return out
 
 
 def report(results: dict[str, Any], jobs: int, pods: int) -> None:
     s = harness.spread
+    variants = [v for v in VARIANTS if v in results]
     rows = [
-        [v, s(results[v]["created"]), s(results[v]["running"]), s(results[v]["cpu_ms_per_pod"])]
-        for v in NAMESPACES
+        [
+            v,
+            s(results[v]["created"]),
+            s(results[v]["running"]),
+            s(results[v]["cpu_ms_per_pod"]),
+            s(results[v]["delete"]),
+        ]
+        for v in variants
     ]
-    print(f"\n{jobs} TPUJobs, {pods} pods, applied at once (median [min-max])")
-    print(harness.table(["variant", "all pods created s", "all Running s", "CPU ms per pod"], rows))
+    print(f"\n{jobs} jobs, {pods} pods, applied at once (median [min-max])")
     print(
         harness.table(
-            ["operator", "value"],
-            [
-                ["all Running, vs bare", s(results["running_vs_bare"])],
-                ["every job's phase Running s", s(results["job_running"])],
-                ["CPU per pod vs bare", s(results["cpu_vs_bare"])],
-                ["RSS peak MB", s(results["peak_mb"], 0)],
-                [f"CPU, busiest {WINDOW:.0f} s window (cores)", s(results["cpu_peak_share"])],
-                ["steady CPU (cores)", s(results["steady_cpu_share"], 3)],
-                ["steady RSS MB", s(results["steady_rss_mb"], 0)],
-                ["steady API requests/s", s(results["steady_requests_per_s"])],
-                ["restart: caches filled s", s(results["restart_caches_filled"])],
-                ["restart: RSS MB", s(results["restart_rss_mb"], 0)],
-                ["restart: pods created or deleted", s(results["restart_pods_changed"], 0)],
-                ["restart: API requests in the 20 s after", s(results["restart_requests"], 0)],
-            ],
+            ["variant", "all pods created s", "all Running s", "CPU ms per pod", "delete s"], rows
         )
     )
+    ratio_rows = [
+        [f"{a} / {b}", s(results[f"{a}_running_vs_{b}"]), s(results[f"{a}_cpu_vs_{b}"]),
+         s(results[f"{a}_delete_vs_{b}"])]
+        for a, b in PAIRS
+        if f"{a}_running_vs_{b}" in results
+    ]  # fmt: skip
+    print("\nRatios of the same repetition (median [min-max])")
+    print(harness.table(["", "all Running", "CPU", "delete"], ratio_rows))
+    memory = [
+        [v, s(results[v]["peak_mb"], 0), s(results[v]["steady_rss_mb"], 0),
+         s(results[v]["steady_cpu_share"], 3), s(results[v]["restart_rss_mb"], 0),
+         s(results[v]["restart_pods_changed"], 0)]
+        for v in ("operator", "operator-b", "jobset")
+        if v in results and "peak_mb" in results[v]
+    ]  # fmt: skip
+    print("\nControllers: RSS MB while starting (peak), steady, after a SIGKILL and restart")
+    print(
+        harness.table(
+            ["controller", "RSS peak", "steady RSS", "steady CPU (cores)", "RSS after restart",
+             "pods created or deleted by the restart"],
+            memory,
+        )
+    )  # fmt: skip
+    if "job_running" in results:
+        print(
+            harness.table(
+                ["operator", "value"],
+                [
+                    ["every job's phase Running s", s(results["job_running"])],
+                    [f"CPU, busiest {WINDOW:.0f} s window (cores)", s(results["cpu_peak_share"])],
+                    ["steady API requests/s", s(results["steady_requests_per_s"])],
+                    ["restart: caches filled s", s(results["restart_caches_filled"])],
+                    ["restart: API requests in the 20 s after", s(results["restart_requests"], 0)],
+                ],
+            )
+        )
 
 
 async def drive(bench: Bench, reps: int) -> None:
     bench.api = connect(bench.cluster, limit=CONCURRENCY)
     try:
+        trials = {
+            "operator": trial_operator,
+            "operator-b": lambda b, r: trial_operator(b, r, "operator-b"),
+            "bare": trial_bare,
+            "jobset": trial_jobset,
+        }
         for rep in range(1, reps + 1):
-            order = ["operator", "bare"] if rep % 2 else ["bare", "operator"]
+            # Each variant first, middle and last in turn: the cluster's state after one
+            # (its etcd, the scheduler's caches) weighs on each alike.
+            shift = (rep - 1) % len(bench.variants)
+            order = [*bench.variants[shift:], *bench.variants[:shift]]
             for variant in order:
-                trial = trial_operator if variant == "operator" else trial_bare
-                result = await trial(bench, rep)
+                result = await trials[variant](bench, rep)
+                result["load_average"] = os.getloadavg()
                 bench.trials.append({"variant": variant, "rep": rep, **result})
+                # Every finished trial at once: a long run that fails later keeps them.
+                harness.write_results("load.partial", {"trials": bench.trials})
                 say(f"rep {rep} {variant}: all Running {result['running']:.1f} s, "
-                    f"CPU {result['cpu']:.1f} s")  # fmt: skip
+                    f"CPU {result['cpu']:.1f} s, delete {result['delete']:.1f} s")  # fmt: skip
     finally:
         await bench.api.close()
 
@@ -468,6 +704,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=VARIANTS,
+        default=["operator", "bare", "jobset"],
+        help="what runs the jobs",
+    )
+    parser.add_argument("--b-source", type=Path, help="the checkout the operator-b variant runs")
     parser.add_argument("--steady", type=float, default=60.0, help="seconds of steady window")
     parser.add_argument(
         "--profile", type=Path, help="write py-spy stacks of the operator to this directory"
@@ -490,6 +734,8 @@ def main() -> None:
         help="extra environment of the operator, e.g. MALLOC_ARENA_MAX=2",
     )
     args = parser.parse_args()
+    if "operator-b" in args.variants and args.b_source is None:
+        parser.error("the operator-b variant needs --b-source")
     operator_env = dict(item.split("=", 1) for item in args.operator_env)
     plans = plan(args.jobs)
     pools = pools_for(plans)
@@ -500,7 +746,7 @@ def main() -> None:
         "load",
         pools,
         grace=harness.quiet_grace(nodes),
-        namespaces=list(NAMESPACES.values()),
+        namespaces=[NAMESPACES[v] for v in args.variants],
         timeout=TIMEOUT,
         component_args=harness.SCALE_ARGS,  # nodes schedulable at once, as scale.py's
     ) as cluster:
@@ -513,8 +759,20 @@ def main() -> None:
             args.tracemalloc,
             args.mallocstats,
             operator_env,
+            variants=tuple(args.variants),
+            b_source=args.b_source,
         )
-        asyncio.run(drive(bench, args.reps))
+        if "jobset" in args.variants:
+            from pod_creation import start_jobset
+
+            bench.jobset, _ = start_jobset(cluster)
+            if bench.jobset is None:
+                bench.variants = tuple(v for v in bench.variants if v != "jobset")
+        try:
+            asyncio.run(drive(bench, args.reps))
+        finally:
+            if bench.jobset is not None:
+                bench.jobset.stop()
     results = figures(bench.trials, total)
     report(results, len(plans), total)
     harness.write_results(
@@ -528,6 +786,9 @@ def main() -> None:
                 "reps": args.reps,
                 "mix": MIX,
                 "steady_s": args.steady,
+                "variants": list(bench.variants),
+                "jobset_version": jobset.VERSION,
+                "load_average": os.getloadavg(),
             },
             "figures": results,
             "trials": bench.trials,

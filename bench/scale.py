@@ -182,6 +182,9 @@ class PodCounts(Watch):
         self.events += 1
         self._changed.set()
 
+    def _alive(self) -> dict[str, str]:
+        return {uid: "" for uid, state in self.pods.items() if not state[3]}
+
     def at(self, event: str, attempt: str, count: int) -> float | None:
         """When the ``count``-th pod of ``attempt`` got to ``event`` (None: not yet)."""
         times = self.times.get((event, attempt), [])

@@ -25,6 +25,7 @@ from typing import Any
 
 from tpu_operator import contract
 from tpu_operator.placement.pools import pools_from_nodes
+from tpu_operator.reconcile.cached import JOBS, SLICES
 from tpu_operator.reconcile.context import Context
 from tpu_operator.reconcile.jobs import JobReconciler
 from tpu_operator.reconcile.pacing import (
@@ -49,6 +50,7 @@ from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
 from tpu_operator.runtime.listwatch import NODES, PODS, Kind, ListWatch, OnEvent, Store
 from tpu_operator.runtime.metrics import OperatorMetrics
 from tpu_operator.runtime.metrics_server import Gate, MetricsServer
+from tpu_operator.runtime.ownership import slice_job_name
 from tpu_operator.runtime.sampler import ProgressSampler
 from tpu_operator.runtime.workqueue import WorkQueue
 from tpu_operator.state.views import NodeView, PodView, pod_view
@@ -136,7 +138,11 @@ class OperatorConfig:
 
 
 class Runtime:
-    def __init__(self, config: OperatorConfig, *, slices: Index, jobs: Index) -> None:
+    def __init__(
+        self, config: OperatorConfig, *, slices: Index | None = None, jobs: Index | None = None
+    ) -> None:
+        """``slices`` and ``jobs``: indexes to read TPUSlices and TPUJobs from instead of
+        the runtime's own watches (unit tests)."""
         self.config = config
         self.metrics = OperatorMetrics()
         kube_config = load_configuration(config.kubeconfig)
@@ -146,7 +152,13 @@ class Runtime:
         self._decoded = 0
         """Watch events and API answers so far: the allocator is trimmed only after some."""
         pods, nodes = PODS.store(), NODES.store()
-        self.caches = Caches(pods=pods, slices=slices, jobs=jobs, nodes=nodes)
+        slice_store, job_store = SLICES.store(), JOBS.store()
+        self.caches = Caches(
+            pods=pods,
+            slices=slice_store if slices is None else slices,
+            jobs=job_store if jobs is None else jobs,
+            nodes=nodes,
+        )
 
         def watch(kind: Kind, store: Store, on_event: OnEvent, **options: Any) -> ListWatch:
             counter = self.metrics.watch_events.labels(kind.name)
@@ -172,6 +184,20 @@ class Runtime:
             self,
             namespaces=config.namespaces,
             period=config.audit_seconds,
+        )
+        self.slice_watch = watch(
+            SLICES,
+            slice_store,
+            self.slice_event,
+            namespaces=config.namespaces,
+            on_listed=lambda _: self.audit.listed("slices"),
+        )
+        self.job_watch = watch(
+            JOBS,
+            job_store,
+            self.job_event,
+            namespaces=config.namespaces,
+            on_listed=lambda _: self.audit.listed("jobs"),
         )
         self.events = EventRecorder(self.kube)
         self.jobs: WorkQueue[tuple[str, str]] = WorkQueue(
@@ -227,12 +253,13 @@ class Runtime:
         self._housekeeping_task: asyncio.Task[None] | None = None
         self._trim_task: asyncio.Task[None] | None = None
         self.acting = False
-        """Whether this replica reconciles (the kopf handlers enqueue only then)."""
+        """Whether this replica reconciles (the event handlers enqueue only then)."""
         self.listed = asyncio.Event()
-        """Set by the first kopf event handler call: kopf calls none before every index
-        has its initial listing, so from then on its caches show the whole cluster."""
+        """Set by the first kopf event handler call (Kueue Workloads, ``--kueue``): kopf
+        calls none before every index has its initial listing."""
         self.own_listed = asyncio.Event()
-        """Set once the node and pod watches have their initial listings (``watch``)."""
+        """Set once the TPUSlice, TPUJob, node and pod watches have their initial
+        listings (``watch``)."""
         self._may_act: Callable[[], bool] = lambda: True
         self._slices_seen: LastSeen[tuple[str, str]] = LastSeen()
         """What each job-owned slice last said that its job reads (``slice_news``)."""
@@ -293,24 +320,29 @@ class Runtime:
             return None
         return await self.slice_reconciler(key)
 
+    @property
+    def _watches(self) -> tuple[ListWatch, ...]:
+        """In the order of their first listings: the TPUSlices before the pods, so that
+        each pod is filed as its owner's from the start (``runtime/ownership.py``)."""
+        return (self.slice_watch, self.job_watch, self.node_watch, self.pod_watch)
+
     async def watch(self) -> None:
-        """List the TPU nodes and worker pods (retrying until the API answers), then watch
-        them (``runtime/listwatch.py``). Nothing reconciles before both lists are complete
-        (``act``, ``lead``), so no reconcile sees a partial pod cache and creates a pod
-        that exists."""
+        """List the TPUSlices, TPUJobs, TPU nodes and worker pods (retrying until the API
+        answers), then watch them (``runtime/listwatch.py``). Nothing reconciles before
+        every list is complete (``act``, ``lead``), so no reconcile sees a partial cache
+        and creates a pod or slice that exists."""
         started = time.monotonic()
-        await self.node_watch.list_all()
-        await self.pod_watch.list_all()
+        for watch in self._watches:
+            await watch.list_all()
         log.info(
-            "listed %d TPU nodes and %d worker pods in %.1f s",
-            self.node_watch.store.objects,
-            self.pod_watch.store.objects,
+            "listed %d TPUSlices, %d TPUJobs, %d TPU nodes and %d worker pods in %.1f s",
+            *(watch.store.objects for watch in self._watches),
             time.monotonic() - started,
         )
         self.own_listed.set()
         await collector.trim_off_loop()  # the pages are decoded and gone: hand their memory back
-        self.node_watch.start()
-        self.pod_watch.start()
+        for watch in self._watches:
+            watch.start()
 
     async def act(self) -> None:
         """Without leader election: act once every cache has its initial listing."""
@@ -337,8 +369,33 @@ class Runtime:
         if wake.waiting:
             self.wake_waiting()
 
+    def job_event(self, type: str | None, body: dict[str, Any]) -> None:
+        """A TPUJob changed (``type`` None: listed): reconcile it if it asks (``asks``)."""
+        if not self.acting:
+            return
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if self.asks("jobs", key, type, body):
+            self.jobs.add(key)
+
+    def slice_event(self, type: str | None, body: dict[str, Any]) -> None:
+        """A TPUSlice changed (``type`` None: listed): pods seen before it are filed again
+        (``slice_known``); it and its job are reconciled if the change asks for it."""
+        if type != "DELETED":
+            self.slice_known(body)
+        if not self.acting:
+            return
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if self.asks("slices", key, type, body):
+            self.slices.add(key)
+        if type == "DELETED":
+            self.slice_gone(body)
+        job = slice_job_name(body)
+        if job and self.slice_news(key, type, body):
+            self.jobs.add((key[0], job))
+
     def slice_known(self, body: Any) -> None:
-        """A TPUSlice was listed or changed (kopf's index): pods seen before it, filed as
+        """A TPUSlice was listed or changed (``slice_event``): pods seen before it, filed as
         not the operator's, are its workers after all (``runtime/ownership.py``)."""
         owners = self.caches.owners
         if not owners.known(body):
@@ -432,16 +489,17 @@ class Runtime:
         on_lost(reason)
 
     async def _all_listed(self) -> None:
-        """Until the node and pod lists are complete and kopf has listed its kinds: kopf
-        calls its first handler (``listed``) once every index has its listing, but when
-        no TPUJob or TPUSlice exists at all it may call none, so the API is asked."""
+        """Until the TPUSlice, TPUJob, node and pod lists are complete, and, with Kueue,
+        kopf has listed the Workloads: kopf calls its first handler (``listed``) once its
+        index has its listing, but when no Workload exists it calls none, so the API is
+        asked whether any TPUJob exists (none: nothing waits for a Workload)."""
         await self.own_listed.wait()
-        while not self.listed.is_set():
+        while self.caches.kueue and not self.listed.is_set():
             try:
-                if not await self.audit.any_exist(("jobs", "slices")):
+                if not await self.audit.any_exist(("jobs",)):
                     return  # nothing to reconcile yet; a new object comes with an event
             except ApiError as exc:
-                log.warning("listing TPUJobs and TPUSlices failed: %s; trying again", exc)
+                log.warning("listing TPUJobs failed: %s; trying again", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.listed.wait(), timeout=LISTED_POLL_SECONDS)
 
@@ -463,8 +521,8 @@ class Runtime:
             if task is not None:
                 task.cancel()
         await self.audit.stop()
-        await self.pod_watch.stop()
-        await self.node_watch.stop()
+        for watch in reversed(self._watches):
+            await watch.stop()
         if self.acting:
             self.acting = False
             if self._resync_task is not None:

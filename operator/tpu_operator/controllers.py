@@ -1,15 +1,17 @@
-"""kopf wiring: watch caches (indexes), event handlers that enqueue keys, start-up,
-kopf's settings and ``run``.
+"""kopf wiring: start-up and clean-up, probes, credentials, Kueue's Workloads, kopf's
+settings and ``run``.
 
-kopf watches TPUJobs and TPUSlices, keeps plain copies of them in indexes, and calls the
-``on.event`` handlers below, which only enqueue keys for the reconcilers. Worker pods and
-TPU nodes, by far the most numerous objects, have list-and-watch caches of the operator's
-own (``runtime/listwatch.py``), started here. Nothing here writes to any object: kopf
-stores no annotations, finalizers or handler results on TPUJobs or TPUSlices, so deleting
-a TPUJob never waits for the operator.
+TPUJobs, TPUSlices, worker pods and TPU nodes have list-and-watch caches of the
+operator's own (``runtime/listwatch.py``, ``reconcile/cached.py``), started here: a shared
+cluster's thousands of jobs cost kopf's per-object event processing more than everything
+else the operator did for them. kopf watches Kueue's Workloads (``--kueue``), keeping
+plain copies of them in an index and calling the ``on.event`` handler below, which only
+enqueues keys for the reconcilers. Nothing here writes to any object: the operator stores
+no annotations, finalizers or handler results on TPUJobs or TPUSlices, so deleting a
+TPUJob never waits for the operator.
 
-With leader election (``--leader-elect``) every replica watches and indexes (a warm
-standby), and the handlers enqueue only in the replica that acts (``_acting``).
+With leader election (``--leader-elect``) every replica watches and caches (a warm
+standby), and only the replica that acts enqueues (``_acting``, ``Runtime.acting``).
 """
 
 from __future__ import annotations
@@ -25,13 +27,10 @@ import kopf
 from tpu_operator import contract
 from tpu_operator.app import OperatorConfig, Runtime
 from tpu_operator.builders.workload import KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL
-from tpu_operator.reconcile.pools import job_pool_records, slice_pool_records
+from tpu_operator.reconcile.cached import snapshot
 from tpu_operator.runtime import collector
-from tpu_operator.runtime.caches import POOL_RECORD
 from tpu_operator.runtime.kube import connection_info, load_configuration
 from tpu_operator.runtime.leader import LeaderElector
-from tpu_operator.runtime.ownership import slice_job_name
-from tpu_operator.state.views import shared_copy
 
 log = logging.getLogger(__name__)
 RUNTIME_KEY = "runtime"
@@ -64,49 +63,6 @@ def _key(namespace: str | None, name: str) -> tuple[str, str]:
     return cast(str, namespace), name
 
 
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-"""``kubectl apply``'s copy of the whole manifest, as one JSON string: the pod template
-again, for every job applied that way. Nothing in the operator reads it."""
-
-
-def _snapshot(body: kopf.Body) -> dict[str, Any]:
-    """A plain copy of a TPUJob or TPUSlice (the reconcilers read spec, status, metadata),
-    without what only makes a cached body larger: managed fields and kubectl's copy. Its
-    strings are shared with the other cached copies (``shared_copy``)."""
-    raw: dict[str, Any] = shared_copy({k: v for k, v in body.items() if k != "metadata"})
-    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
-    annotations = meta.get("annotations")
-    if annotations and LAST_APPLIED in annotations:
-        meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
-    raw["metadata"] = shared_copy(meta)
-    return raw
-
-
-@kopf.index(contract.GROUP, contract.VERSION, contract.SLICE_PLURAL)
-async def tpu_slices(
-    body: kopf.Body, namespace: str | None, name: str, memo: Any = None, **_: Any
-) -> dict[Any, Any]:
-    snapshot = _snapshot(body)
-    runtime = memo.get(RUNTIME_KEY) if memo is not None else None
-    if runtime is not None:  # always, once started; unit tests index without one
-        runtime.slice_known(snapshot)
-    keys: dict[Any, Any] = {("slice", namespace, name): snapshot}
-    job = slice_job_name(body)
-    if job:
-        keys[("job", namespace, job)] = snapshot
-    for pool, holder in slice_pool_records(body).items():
-        keys[(POOL_RECORD, pool)] = holder
-    return keys
-
-
-@kopf.index(contract.GROUP, contract.VERSION, contract.JOB_PLURAL)
-async def tpu_jobs(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
-    keys: dict[Any, Any] = {("job", namespace, name): _snapshot(body)}
-    for pool, holder in job_pool_records(body).items():
-        keys[(POOL_RECORD, pool)] = holder
-    return keys
-
-
 def _workload_job(body: kopf.Body) -> str | None:
     """The TPUJob that owns a Kueue Workload (its controller owner reference), if any."""
     for ref in body.get("metadata", {}).get("ownerReferences") or []:
@@ -122,7 +78,7 @@ def _workload_job(body: kopf.Body) -> str | None:
 async def tpu_workloads(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, Any] | None:
     """Kueue Workloads of TPUJobs, by job (registered only with ``--kueue``)."""
     job = _workload_job(body)
-    return {(namespace, job): _snapshot(body)} if job else None
+    return {(namespace, job): snapshot(body)} if job else None
 
 
 async def workload_changed(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
@@ -140,45 +96,6 @@ def watch_workloads() -> None:
     kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL)(workload_changed)
 
 
-def _relisted(memo: Any, kind: str, type: str | None) -> None:
-    """Count the event; ``type=None``: an object of a (re-)listing. After a watch gap kopf
-    lists again and never reports what was deleted meanwhile; the audit finds those
-    (``runtime/audit.py``)."""
-    runtime = _runtime(memo)
-    runtime.metrics.watch_events.labels(kind).inc()
-    if type is None:
-        runtime.audit.listed(kind)
-
-
-@kopf.on.event(contract.GROUP, contract.VERSION, contract.JOB_PLURAL)
-async def job_changed(
-    type: str | None, body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
-) -> None:
-    _relisted(memo, "jobs", type)
-    runtime = _acting(memo)
-    key = _key(namespace, name)
-    if runtime is not None and runtime.asks("jobs", key, type, body):
-        runtime.jobs.add(key)
-
-
-@kopf.on.event(contract.GROUP, contract.VERSION, contract.SLICE_PLURAL)
-async def slice_changed(
-    type: str | None, body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
-) -> None:
-    _relisted(memo, "slices", type)
-    runtime = _acting(memo)
-    if runtime is None:
-        return
-    key = _key(namespace, name)
-    if runtime.asks("slices", key, type, body):
-        runtime.slices.add(key)
-    if type == "DELETED":
-        runtime.slice_gone(body)
-    job = slice_job_name(body)
-    if job and runtime.slice_news(key, type, body):
-        runtime.jobs.add(_key(namespace, job))
-
-
 @kopf.on.login()
 def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
     """kopf's watches use the same credentials as the operator's own API client."""
@@ -188,12 +105,11 @@ def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
 @kopf.on.startup()
 async def started(memo: Any, **kwargs: Any) -> None:
     config = memo["config"]
-    # kopf passes every index under its function's name (typed only as **kwargs).
-    runtime = Runtime(config, slices=kwargs["tpu_slices"], jobs=kwargs["tpu_jobs"])
+    runtime = Runtime(config)
     memo[RUNTIME_KEY] = runtime
     if "tpu_workloads" in kwargs:
         runtime.caches.attach_workloads(kwargs["tpu_workloads"])
-    memo[WATCH_KEY] = asyncio.create_task(runtime.watch(), name="list-nodes-and-pods")
+    memo[WATCH_KEY] = asyncio.create_task(runtime.watch(), name="list-and-watch")
     await runtime.serve()
     if config.leader_election is None:
         memo[LEADING_KEY] = asyncio.create_task(runtime.act(), name="act")

@@ -3,9 +3,9 @@
 While it is down every watch of the operator breaks; when it is back, each watches again
 from its last resourceVersion, gets 410 Gone (a restarted apiserver's watch cache starts
 at etcd's current revision) and lists again. Objects deleted before that new list get no
-DELETED event: the pod and node watches drop what their new list lacks
-(``runtime/listwatch.py``), the cache audit does it for kopf's TPUJobs and TPUSlices
-(``runtime/audit.py``). Two moments where that hurts:
+DELETED event: the operator's watches (pods, nodes, TPUJobs, TPUSlices) drop what their
+new list lacks (``runtime/listwatch.py``), and the cache audit checks the TPUJobs and
+TPUSlices again (``runtime/audit.py``). Two moments where that hurts:
 
 - a gang restart: the old attempt's pods end right as the apiserver is back. When the pods
   were kopf's, the job waited forever "for 15 pods of the previous attempt to stop" that

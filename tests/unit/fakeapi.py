@@ -7,10 +7,11 @@ graceful pod deletion (a deletionTimestamp first, gone when the test says the ku
 confirmed). Every request is recorded, so tests
 count status writes and conflicts per scenario.
 
-The watch caches are built from the stored objects with the operator's own kopf index
-functions (``tpu_operator.controllers``), so the reconcilers read exactly the views they
-read in a cluster, as if every watch were in sync. A test drives time with ``advance``
-and the control loop with ``reconcile_job`` / ``reconcile_slice`` / ``settle``.
+The watch caches are built from the stored objects with the operator's own views and
+index keys (``runtime/listwatch.py``, ``reconcile/cached.py``), so the reconcilers read
+exactly the views they read in a cluster, as if every watch were in sync. A test drives
+time with ``advance`` and the control loop with ``reconcile_job`` / ``reconcile_slice`` /
+``settle``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpu_operator import contract, controllers
+from tpu_operator import contract
+from tpu_operator.reconcile.cached import job_keys, slice_keys, snapshot
 from tpu_operator.reconcile.context import Context, Reservations
 from tpu_operator.reconcile.expectations import CreatedPods, DeletedPods
 from tpu_operator.reconcile.jobs import JobReconciler
@@ -530,17 +532,11 @@ class FakeCluster:
                     self.ctx.pods_in_flight.seen(view)  # as the pod event handler does
                 continue
             elif f"/{contract.SLICE_PLURAL}/" in key:
-                meta = obj["metadata"]
                 kind = "slices"
-                keys = run_sync(
-                    controllers.tpu_slices(body=obj, namespace=meta["namespace"], name=meta["name"])
-                )
+                keys = slice_keys(snapshot(obj))
             elif f"/{contract.JOB_PLURAL}/" in key:
-                meta = obj["metadata"]
                 kind = "jobs"
-                keys = run_sync(
-                    controllers.tpu_jobs(body=obj, namespace=meta["namespace"], name=meta["name"])
-                )
+                keys = job_keys(snapshot(obj))
             else:
                 continue
             for index_key, value in (keys or {}).items():

@@ -1,5 +1,6 @@
-"""The watch-gap audit: stale cache entries found, dropped from kopf's real indexes, and
-what depended on them woken; triggers after re-lists and after the API answers again."""
+"""The watch-gap audit: stale cache entries found, dropped from the TPUJob and TPUSlice
+stores the runtime watches into, and what depended on them woken; triggers after re-lists
+and after the API answers again."""
 
 from __future__ import annotations
 
@@ -7,12 +8,11 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import kopf
 import pytest
-from kopf._core.engines.indexing import OperatorIndexer, OperatorIndexers
 
-from tests.unit.fakeapi import QueueRecorder, run_sync
-from tpu_operator import contract, controllers
+from tests.unit.fakeapi import QueueRecorder
+from tpu_operator import contract
+from tpu_operator.reconcile.cached import JOBS, SLICES
 from tpu_operator.runtime import audit, collector
 from tpu_operator.runtime.audit import CacheAudit, stale
 from tpu_operator.runtime.caches import Caches, identity_of
@@ -59,30 +59,19 @@ def slice_(name: str, uid: str, owner: str) -> dict[str, Any]:
 
 
 class Indexes:
-    """kopf's own indexers, filled with the operator's own index functions."""
+    """The stores of the runtime's watches, filled as its list-and-watch fills them."""
 
     def __init__(self) -> None:
-        # kopf keeps TPUJobs and TPUSlices; the operator's own list-and-watch the others.
-        self.indexers = {kind: OperatorIndexer() for kind in ("jobs", "slices")}
-        self.own = {"pods": (PODS.store(), PODS), "nodes": (NODES.store(), NODES)}
-        self._keys = OperatorIndexers()
+        self.own = {kind.name: (kind.store(), kind) for kind in (PODS, NODES, JOBS, SLICES)}
 
     def put(self, kind: str, body: dict[str, Any]) -> None:
-        meta = body["metadata"]
-        if kind in self.own:
-            store, watched = self.own[kind]
-            ident, view = identity_of(body), watched.view(body)
-            store.put(ident, view)
-            return
-        function = controllers.tpu_jobs if kind == "jobs" else controllers.tpu_slices
-        keys = run_sync(
-            function(body=kopf.Body(body), namespace=meta.get("namespace"), name=meta["name"])
-        )
-        self.indexers[kind].replace(self._keys.make_key(kopf.Body(body)), keys)
+        store, watched = self.own[kind]
+        ident, view = identity_of(body), watched.view(body)
+        store.put(ident, view)
 
     def caches(self) -> Caches:
-        indexes = {kind: indexer.index for kind, indexer in self.indexers.items()}
-        return Caches(pods=self.own["pods"][0], nodes=self.own["nodes"][0], **indexes)
+        stores = {kind: store for kind, (store, _) in self.own.items()}
+        return Caches(**stores)
 
 
 class FakeKube:
@@ -127,7 +116,7 @@ def test_stale_are_the_cached_objects_the_list_lacks() -> None:
     assert stale([(NS, "a", "u1"), ("other", "b", "u2")], set(), scope=[NS]) == [(NS, "a", "u1")]
 
 
-def test_forget_drops_an_object_under_every_key_of_kopfs_index() -> None:
+def test_forget_drops_an_object_under_every_key_of_its_store() -> None:
     indexes = Indexes()
     indexes.put("slices", slice_("train-0", "s1", "train"))
     indexes.put("slices", slice_("train-1", "s2", "train"))

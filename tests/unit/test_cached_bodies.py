@@ -1,14 +1,13 @@
-"""What the operator keeps of each TPUJob and TPUSlice it caches (``controllers._snapshot``):
+"""What the operator keeps of each TPUJob and TPUSlice it caches (``reconcile/cached.snapshot``):
 the body it reconciles from, without the parts that only make it larger."""
 
 from __future__ import annotations
 
 import json
 
-import kopf
 import pytest
 
-from tpu_operator import controllers
+from tpu_operator.reconcile import cached as controllers
 from tpu_operator.state.views import shared_copy
 
 pytestmark = pytest.mark.unit
@@ -35,7 +34,7 @@ def applied_job() -> dict:
 
 def test_a_cached_body_drops_managed_fields_and_kubectls_copy_and_keeps_the_rest():
     raw = applied_job()
-    cached = controllers._snapshot(kopf.Body(raw))
+    cached = controllers.snapshot(raw)
     assert "managedFields" not in cached["metadata"]
     assert cached["metadata"]["annotations"] == {"team": "research"}
     assert cached["spec"] == raw["spec"]
@@ -45,7 +44,7 @@ def test_a_cached_body_drops_managed_fields_and_kubectls_copy_and_keeps_the_rest
 
 def test_a_cached_body_is_a_copy():
     raw = applied_job()
-    cached = controllers._snapshot(kopf.Body(raw))
+    cached = controllers.snapshot(raw)
     cached["status"]["conditions"].append({"type": "Stalled"})
     cached["metadata"]["annotations"]["team"] = "other"
     assert raw["status"]["conditions"] == [{"type": "Running"}]
@@ -57,7 +56,7 @@ def test_cached_bodies_decoded_apart_share_their_strings():
     # Each body comes from its own decode, as two watch events do: equal text, two objects.
     first, second = (json.loads(json.dumps(applied_job())) for _ in range(2))
     assert first["status"]["phase"] is not second["status"]["phase"]
-    a, b = (controllers._snapshot(kopf.Body(raw)) for raw in (first, second))
+    a, b = (controllers.snapshot(raw) for raw in (first, second))
     assert a == b
     assert a["status"]["phase"] is b["status"]["phase"]
     assert a["metadata"]["namespace"] is b["metadata"]["namespace"]

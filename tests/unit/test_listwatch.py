@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tpu_operator import contract
+from tpu_operator.reconcile.cached import JOBS, SLICES
+from tpu_operator.reconcile.pools import job_holder
 from tpu_operator.runtime import listwatch
 from tpu_operator.runtime.audit import stale
 from tpu_operator.runtime.caches import Caches, identity_of
@@ -540,3 +542,82 @@ def test_a_watch_line_that_is_no_pod_event_raises_a_value_error(raw):
     with pytest.raises(ValueError):
         w._apply(raw, "1")
     assert w.store.objects == 0 and events.seen == []
+
+
+# TPUJobs and TPUSlices: whole objects, decoded with json -----------------------------
+
+
+def tpu_slice(name: str, uid: str, version: str, *, pool: str = "pool-a", **status: Any):
+    owner = {"kind": contract.JOB_KIND, "name": "j", "uid": "ju", "controller": True}
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.SLICE_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": uid,
+            "resourceVersion": version,
+            "ownerReferences": [owner],
+            "managedFields": [{"manager": "tpu-operator"}],
+        },
+        "spec": {"nodePool": pool, "template": {"spec": {"containers": [{"name": "w"}]}}},
+        "status": status,
+    }
+
+
+class Bodies:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str | None, str, Any]] = []
+
+    def __call__(self, type: str | None, body: Any) -> None:
+        self.seen.append((type, body["metadata"]["name"], body.get("status")))
+
+
+def test_tpuslice_events_are_kept_whole_under_the_slice_job_and_pool_keys():
+    events = Bodies()
+    w = ListWatch(SLICES, None, None, SLICES.store(), events)  # type: ignore[arg-type]
+    big = 2**70  # a free-form field's integer beyond 64 bits stays exact
+    added = tpu_slice("j-0", "s0", "5")
+    added["spec"]["template"]["spec"]["containers"][0]["args"] = [big]
+    assert w._apply(line("ADDED", added), "4") == "5"
+    cached = next(iter(w.store["slice", NS, "j-0"]))
+    assert cached["spec"]["template"]["spec"]["containers"][0]["args"] == [big]
+    assert "managedFields" not in cached["metadata"]
+    assert list(w.store["job", NS, "j"]) == [cached]
+    assert list(w.store["pool", "pool-a"]) == [job_holder(NS, "j")]
+    moved = tpu_slice("j-0", "s0", "6", pool="pool-b", phase="Running")
+    assert w._apply(line("MODIFIED", moved), "5") == "6"
+    assert w.store.get(("pool", "pool-a")) is None
+    assert list(w.store["pool", "pool-b"]) == [job_holder(NS, "j")]
+    bookmark = {"kind": contract.SLICE_KIND, "metadata": {"resourceVersion": "9"}}
+    assert w._apply(line("BOOKMARK", bookmark), "6") == "9"
+    assert w._apply(line("DELETED", tpu_slice("j-0", "s0", "10")), "9") == "10"
+    assert w.store.objects == 0 and w.store.get(("job", NS, "j")) is None
+    assert [(t, n) for t, n, _ in events.seen] == [
+        ("ADDED", "j-0"),
+        ("MODIFIED", "j-0"),
+        ("DELETED", "j-0"),
+    ]
+    assert events.seen[1][2] == {"phase": "Running"}
+    expired = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+    with pytest.raises(Gone):
+        w._apply(line("ERROR", expired), "10")
+
+
+def test_a_tpujob_list_pages_through_whole_objects_and_drops_the_deleted():
+    def job(name: str, uid: str, **status: Any) -> dict[str, Any]:
+        meta = {"name": name, "namespace": NS, "uid": uid, "resourceVersion": "3"}
+        return {"metadata": meta, "spec": {"numSlices": 2}, "status": status}
+
+    events = Bodies()
+    store = JOBS.store()
+    store.put((NS, "gone", "g"), job("gone", "g"))
+    pages = Pages([job(f"j{i}", f"u{i}", phase="Running", nodePools=[f"p{i}"]) for i in range(3)])
+    w = ListWatch(JOBS, pages, None, store, events, namespaces=[NS])  # type: ignore[arg-type]
+    assert asyncio.run(w.list_once(NS)) == "42"
+    assert JOBS.path(NS) == f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/tpujobs"
+    assert sorted(name for _, name, _ in store.identities()) == ["j0", "j1", "j2"]
+    assert [b["spec"] for b in store["job", NS, "j1"]] == [{"numSlices": 2}]
+    assert list(store["pool", "p2"]) == [job_holder(NS, "j2")]
+    assert events.seen[-1][:2] == ("DELETED", "gone")
+    assert [t for t, _, _ in events.seen[:-1]] == [None] * 3

@@ -1,7 +1,7 @@
 """Typed read access to the watch caches the reconcilers work from.
 
-kopf keeps an index of TPUJobs and TPUSlices (and Kueue Workloads), the operator's own
-list-and-watch (``runtime/listwatch.py``) a store of worker pods and TPU nodes; every one is
+The operator's own list-and-watch (``runtime/listwatch.py``) keeps a store of TPUJobs,
+TPUSlices, worker pods and TPU nodes, kopf an index of Kueue Workloads; every one is
 filled before anything reconciles and maps a key to a collection of values; the keys:
 
 - pods (the operator's own, ``runtime/ownership.py``): ("slice", ns, slice) / ("job", ns,
@@ -24,11 +24,9 @@ Pods that were deleted leave a tombstone (their last state) so a gang can tell w
 worker vanished after the index forgot it.
 
 ``entries`` and ``forget`` serve the watch-gap audit (``runtime/audit.py``): every cached
-object by its identity, and dropping one the API no longer has. kopf files each object
-under ``(namespace, name, uid)`` in its indexes and removes it from every key at once on a
-DELETED event; ``forget`` does the same through the index's own ``_discard`` (kopf's
-internal indexer protocol: ``tests/unit/test_audit.py`` pins it to the installed kopf;
-the operator's own ``listwatch.Store`` has the same method).
+object by its identity, and dropping one the API no longer has. A store files each object
+under ``(namespace, name, uid)`` and removes it from every key at once on a DELETED event;
+``forget`` does the same through the store's ``_discard``.
 """
 
 from __future__ import annotations
@@ -144,7 +142,7 @@ class Caches:
         self.tombstones = Tombstones()
         self.owners = SliceOwners()
         """The TPUSlices known by UID: which pods are the operator's (``ownership.py``)."""
-        self._kopf_indexes = {"slices": slices, "jobs": jobs}
+        self._audited = {"slices": slices, "jobs": jobs}
         self._workloads: Index | None = None
         self._node_snapshot: NodeSnapshot | None = None
         self.nodes_version = next(VERSIONS)
@@ -170,20 +168,20 @@ class Caches:
 
     # Audit
     def entries(self, kind: str) -> dict[Identity, Any]:
-        """Every cached TPUSlice or TPUJob (``kind``: the kinds kopf watches) by identity,
-        with its body."""
+        """Every cached TPUSlice or TPUJob (``kind``: the kinds the audit lists) by
+        identity, with its body."""
         if kind not in ("slices", "jobs"):
-            raise ValueError(f"only kopf's kinds are audited, not {kind!r}")
+            raise ValueError(f"only TPUJobs and TPUSlices are audited, not {kind!r}")
         bodies = self.all_slices() if kind == "slices" else self.jobs()
         return {identity_of(body): body for body in list(bodies)}
 
     def forget(self, kind: str, identity: Identity) -> None:
-        """Drop a TPUSlice or TPUJob from kopf's index under every key, as its DELETED
+        """Drop a TPUSlice or TPUJob from its store under every key, as its DELETED
         event would have (the watch that should have delivered it was interrupted)."""
-        index = self._kopf_indexes[kind]
+        index = self._audited[kind]
         discard = getattr(index, "_discard", None)
         if discard is None:
-            raise TypeError(f"{type(index).__name__} cannot drop entries (kopf changed?)")
+            raise TypeError(f"{type(index).__name__} cannot drop entries")
         discard(identity)
         if kind == "slices":
             self.owners.gone(identity[2])

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import ssl
@@ -46,13 +47,15 @@ from kubernetes.client import Configuration
 
 from tpu_operator import contract
 from tpu_operator.runtime.audit import stale
-from tpu_operator.runtime.caches import VERSIONS, Identity
+from tpu_operator.runtime.caches import VERSIONS, Identity, identity_of
 from tpu_operator.runtime.kube import ApiError, Kube, decode, loads_core, status_error
 from tpu_operator.state.documents import (
     ListDocument,
     ListMetadata,
     NodeDocument,
     PodDocument,
+    RawListDocument,
+    RawWatchEvent,
     WatchEvent,
     metadata_of,
 )
@@ -286,7 +289,7 @@ class Store(Mapping[Any, Collection[Any]]):
                 if not counts:
                     del self._counts[group]
 
-    # kopf's indexes drop an object through ``_discard``; ``Caches.forget`` calls that.
+    # ``Caches.forget`` drops an object through ``_discard`` (the audit's).
     _discard = discard
 
     def _unfile(self, ident: Identity, view: Any, keep: Keys | None = None) -> None:
@@ -310,19 +313,35 @@ class Kind:
     plural: str
     namespaced: bool
     label_selector: str
-    document: type[PodDocument] | type[NodeDocument]
-    """What of an object is decoded (``state/documents.py``)."""
+    document: type[PodDocument] | type[NodeDocument] | None
+    """What of an object is decoded (``state/documents.py``); None: the whole object, as
+    plain JSON (custom resources, whose free-form fields a typed document cannot hold:
+    ``json``, since orjson and msgspec read an integer beyond 64 bits as a float or not
+    at all)."""
     view: Callable[[Any], Any]
     """The cached view of a document, or None to leave the object out."""
     keys: KeysOf
     tally: Tally | None = None
     versioned: Callable[[Any], Any] | None = None
+    api: str = "/api/v1"
+    """Where the kind is served: its group and version's path."""
     events: msgspec.json.Decoder[Any] = field(init=False, repr=False, compare=False)
     pages: msgspec.json.Decoder[Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "events", msgspec.json.Decoder(WatchEvent[self.document]))  # type: ignore[name-defined]
-        object.__setattr__(self, "pages", msgspec.json.Decoder(ListDocument[self.document]))  # type: ignore[name-defined]
+        if self.document is None:
+            # A whole object is cut out of its event or page as raw JSON, decoded alone.
+            events: Any = RawWatchEvent
+            pages: Any = RawListDocument
+        else:
+            events = WatchEvent[self.document]  # type: ignore[name-defined]
+            pages = ListDocument[self.document]  # type: ignore[name-defined]
+        object.__setattr__(self, "events", msgspec.json.Decoder(events))
+        object.__setattr__(self, "pages", msgspec.json.Decoder(pages))
+
+    def decoded(self, item: Any) -> Any:
+        """The document of one listed or watched object: a whole object's JSON decoded."""
+        return json.loads(bytes(item)) if self.document is None else item
 
     def store(self) -> Store:
         """An empty store of this kind's views."""
@@ -330,8 +349,8 @@ class Kind:
 
     def path(self, namespace: str | None) -> str:
         if namespace:
-            return f"/api/v1/namespaces/{namespace}/{self.plural}"
-        return f"/api/v1/{self.plural}"
+            return f"{self.api}/namespaces/{namespace}/{self.plural}"
+        return f"{self.api}/{self.plural}"
 
 
 PODS = Kind(
@@ -435,7 +454,7 @@ class ListWatch:
 
     # Listing ----------------------------------------------------------------------------
 
-    def _put(self, document: PodDocument | NodeDocument) -> tuple[Identity, Any, bool]:
+    def _put(self, document: Any) -> tuple[Identity, Any, bool]:
         """File an object under its keys: its identity, its view (None: not cached) and
         whether the view changed (most events change nothing the operator reads: a
         node's status, a pod's annotations; those wake nothing)."""
@@ -460,7 +479,7 @@ class ListWatch:
                 "GET", self.kind.path(namespace), query=query, loads=self._page
             )
             for item in page.items or ():
-                ident, view, changed = self._put(item)
+                ident, view, changed = self._put(self.kind.decoded(item))
                 if view is None:
                     continue
                 listed.add(ident[2])
@@ -605,7 +624,10 @@ class ListWatch:
         kind, document = event.type, event.object
         if document is None or kind == "ERROR":
             _error_event(line, self.kind.name)
-        new_version = metadata_of(document).resourceVersion or version
+        document = self.kind.decoded(document)
+        if document is None:  # a whole object's event without one
+            _error_event(line, self.kind.name)
+        new_version = resource_version(document) or version
         if kind == "BOOKMARK":
             return new_version
         if kind == "DELETED":
@@ -621,10 +643,18 @@ class ListWatch:
         return new_version
 
 
-def identity(document: PodDocument | NodeDocument) -> Identity:
+def identity(document: PodDocument | NodeDocument | dict[str, Any]) -> Identity:
     """How a decoded object is filed in the store (``caches.identity_of``)."""
+    if isinstance(document, dict):
+        return identity_of(document)
     meta = metadata_of(document)
     return meta.namespace, meta.name, meta.uid
+
+
+def resource_version(document: PodDocument | NodeDocument | dict[str, Any]) -> str:
+    if isinstance(document, dict):
+        return str((document.get("metadata") or {}).get("resourceVersion") or "")
+    return metadata_of(document).resourceVersion
 
 
 def _error_event(line: bytes, kind: str) -> NoReturn:

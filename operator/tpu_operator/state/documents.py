@@ -142,6 +142,21 @@ class WatchEvent(_Doc, Generic[D]):
     object: D | None = None
 
 
+class RawWatchEvent(_Doc):
+    """One line of a watch of a kind decoded whole (custom resources): its object is cut
+    out as raw JSON, to be decoded alone."""
+
+    type: str = ""
+    object: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class RawListDocument(_Doc):
+    """One page of a list of a kind decoded whole: each item as raw JSON."""
+
+    items: list[msgspec.Raw] | None = None
+    metadata: ListMetadata | None = None
+
+
 class ListedMetadata(_Doc):
     """What a metadata-only list (``PartialObjectMetadataList``) is read for: who each
     object is and who owns it. Its managed fields, most of each item (a TPUSlice's are
