@@ -339,6 +339,13 @@ class SliceShape:
         return self.hosts > 1
 
     @property
+    def machine_type(self) -> str:
+        """The GKE machine type of the slice's VMs, e.g. ``ct6e-standard-4t``."""
+        return next(
+            m for m, chips in self.generation.machine_types.items() if chips == self.chips_per_host
+        )
+
+    @property
     def short_type(self) -> str:
         """The accelerator type GKE and libtpu use, e.g. ``v5p-128`` (TPU_ACCELERATOR_TYPE)."""
         return self.generation.short_type(self.chips)

@@ -732,6 +732,7 @@ def test_an_unset_chips_per_host_takes_the_machine_type_the_cluster_has():
     cluster.settle()
     status = cluster.job("j")["status"]
     assert (status["shape"]["chipsPerHost"], status["shape"]["hosts"]) == (4, 2)
+    assert status["shape"]["machineType"] == "ct6e-standard-4t"
     assert status["nodePools"] == ["p4"]
     assert cluster.slice("j-0")["spec"]["chipsPerHost"] == 4
     pods = cluster.pods("j").values()
@@ -745,6 +746,39 @@ def test_an_unset_chips_per_host_takes_the_machine_type_the_cluster_has():
     typed_pool(cluster, "p8", V6E_2X4, 1, 8)
     cluster.settle()
     assert cluster.job("j")["status"]["shape"]["chipsPerHost"] == 4
+
+
+def test_with_neither_machine_type_a_job_waits_and_takes_the_one_that_appears():
+    cluster = FakeCluster()
+    cluster.apply_job("j", job_spec("v6e-8"))
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert status["phase"] == "Pending" and not status.get("attempt")
+    assert (
+        "either machine type, ct6e-standard-8t (1 VM of 8 chips) or ct6e-standard-4t "
+        "(2 VMs of 4 chips): the cluster has neither" in status["message"]
+    )
+    (scheduled,) = [c for c in status["conditions"] if c["type"] == "PodsScheduled"]
+    assert (scheduled["status"], scheduled["reason"]) == ("False", "WaitingForNodePools")
+    assert not cluster.pods("j") and not any("/tpuslices/" in k for k in cluster.objects)
+    typed_pool(cluster, "p4", V6E_2X4, 2, 4)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert status["shape"]["machineType"] == "ct6e-standard-4t"
+    assert (status["attempt"], status["nodePools"]) == (1, ["p4"])
+    assert len(cluster.pods("j")) == 2
+
+
+def test_with_neither_machine_type_a_job_that_provisions_asks_gke_for_the_default():
+    cluster = FakeCluster()
+    cluster.apply_job("j", job_spec("v6e-8", placement={"provisioning": "Auto"}))
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert status["attempt"] == 1
+    assert (status["shape"]["machineType"], status["shape"]["hosts"]) == ("ct6e-standard-8t", 1)
+    (pod,) = cluster.pods("j").values()
+    worker = pod["spec"]["containers"][0]
+    assert worker["resources"]["limits"][contract.TPU_RESOURCE] == "8"
 
 
 def test_with_both_machine_types_a_job_takes_the_free_one():

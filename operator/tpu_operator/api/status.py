@@ -247,6 +247,9 @@ class ResolvedShape(ApiModel):
     chips: int
     chips_per_host: int
     hosts: int
+    machine_type: str | None = None
+    """GKE machine type of its VMs, e.g. ct6e-standard-4t (for v5e and v6e 2x4, the one
+    the operator chose when slice.chipsPerHost is unset)."""
 
     @classmethod
     def of(cls, shape: SliceShape) -> ResolvedShape:
@@ -257,4 +260,5 @@ class ResolvedShape(ApiModel):
             chips=shape.chips,
             chips_per_host=shape.chips_per_host,
             hosts=shape.hosts,
+            machine_type=shape.machine_type,
         )

@@ -42,6 +42,9 @@ def start(
     resuming = plan.condition_is(ConditionType.SUSPENDED, True)
     plan.account.resume()  # a suspended or evicted job: its wait is scheduling again
     creating = ""
+    if facts.machine_wait and admitted is None:
+        wait_for_pools(plan, facts.machine_wait)
+        return
     if facts.shape.multi_host and not status.node_pools:
         pools = admitted or allocate(facts, plan, world)
         if pools is None:
@@ -82,19 +85,19 @@ def allocate(facts: JobFacts, plan: Plan, world: World) -> list[str] | None:
     allocation = world.allocate(requests)
     if allocation.pools is not None:
         return allocation.pools
-    status = plan.status
-    if status.message != allocation.message:
-        plan.event("Normal", Reason.WAITING_FOR_NODE_POOLS, allocation.message)
-    status.phase = Phase.PENDING
-    status.message = allocation.message
-    plan.condition(
-        ConditionType.PODS_SCHEDULED,
-        False,
-        Reason.WAITING_FOR_NODE_POOLS,
-        allocation.message,
-    )
-    plan.after(POOL_RETRY_SECONDS)
+    wait_for_pools(plan, allocation.message)
     return None
+
+
+def wait_for_pools(plan: Plan, message: str) -> None:
+    """The job starts no attempt yet: it waits for node pools (``message`` says which)."""
+    status = plan.status
+    if status.message != message:
+        plan.event("Normal", Reason.WAITING_FOR_NODE_POOLS, message)
+    status.phase = Phase.PENDING
+    status.message = message
+    plan.condition(ConditionType.PODS_SCHEDULED, False, Reason.WAITING_FOR_NODE_POOLS, message)
+    plan.after(POOL_RETRY_SECONDS)
 
 
 def assigned(facts: JobFacts, plan: Plan, pools: list[str]) -> None:

@@ -41,7 +41,7 @@ from tpu_operator.builders.supervision import (
 )
 from tpu_operator.builders.wiring import Ports
 from tpu_operator.catalog import CatalogError, SliceShape, chips_per_host_choices
-from tpu_operator.placement.pools import Allocation, PoolGone, Request
+from tpu_operator.placement.pools import Allocation, MachineChoice, PoolGone, Request
 from tpu_operator.policies import (
     failure,
     lifetime,
@@ -131,8 +131,8 @@ class JobReconciler:
         # The machine type of a shape that fits two is decided once, for the first attempt.
         recorded = status.get("shape") if status.get("attempt") else None
         holder = job_holder(namespace, name)
-        shape, note = machine_for(self.ctx, holder, spec.slice, shape, spec.placement, recorded)
-        return await JobRun(self.ctx, body, spec, shape, note, self.gangs).reconcile()
+        choice = machine_for(self.ctx, holder, spec.slice, shape, spec.placement, recorded)
+        return await JobRun(self.ctx, body, spec, choice, self.gangs).reconcile()
 
 
 class CachedWorld:
@@ -205,16 +205,16 @@ class JobRun:
         ctx: Context,
         body: dict[str, Any],
         spec: TPUJobSpec,
-        shape: SliceShape,
-        machine_note: str = "",
+        choice: MachineChoice,
         gangs: GangParts | None = None,
     ) -> None:
+        shape = choice.shape
         self.ctx = ctx
         self.body = body
         self.gangs = gangs if gangs is not None else GangParts()
         self.gang: JobGang | None = None
         """The attempt assessed slice by slice (None: every pod is walked instead)."""
-        self.facts = self._observe(body, spec, shape, machine_note)
+        self.facts = self._observe(body, spec, choice)
         sampler = ctx.progress
         self.plan = Plan.of(
             self.facts,
@@ -223,10 +223,9 @@ class JobRun:
         self.world = CachedWorld(ctx, body, spec, shape)
         self.admission: Admission = admission_of(ctx, body, shape, spec.num_slices)
 
-    def _observe(
-        self, body: dict[str, Any], spec: TPUJobSpec, shape: SliceShape, machine_note: str
-    ) -> JobFacts:
+    def _observe(self, body: dict[str, Any], spec: TPUJobSpec, choice: MachineChoice) -> JobFacts:
         """What the job shows in the caches."""
+        shape = choice.shape
         ctx = self.ctx
         meta = body["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -271,7 +270,8 @@ class JobRun:
             track=track,
             supervised=runs and refused is None,
             supervision_refused=refused,
-            machine_note=machine_note,
+            machine_note=choice.note,
+            machine_wait=choice.waiting,
         )
 
     # the reconcile
