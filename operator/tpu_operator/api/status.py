@@ -142,6 +142,9 @@ class Reason(StrEnum):
     WAIT_ENDED = "WaitEnded"
     """(Event.) The job waited for capacity (PodsScheduled False, or Queued by Kueue) and
     no longer does: how long, and what for."""
+    CAPACITY_FALLBACK = "CapacityFallback"
+    """(Event.) The job waited for a node pool longer than the next step of
+    spec.placement.fallbacks allows and now asks for that step's capacity."""
     RESTARTING = "Restarting"
     """An attempt ended and the gang restarts."""
     RUNNING = "Running"

@@ -17,6 +17,7 @@ from dataclasses import replace
 from tpu_operator.api.status import Reason
 from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import claim_ref, is_claim
+from tpu_operator.policies import fallback
 from tpu_operator.policies.plan import JobFacts, Plan, World
 
 
@@ -71,7 +72,7 @@ def move_from_unhealthy(
     slices keeping theirs. With none free, or pools the user pinned, the slices stay and
     their new pods wait for the repair; either way an event says so."""
     refs = plan.status.node_pools or []
-    placement = facts.spec.placement
+    placement = fallback.placement_of(facts, plan.status)
     if not refs or (placement is not None and placement.node_pools):
         return
     wanted = set(slices)

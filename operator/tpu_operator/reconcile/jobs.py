@@ -44,6 +44,7 @@ from tpu_operator.catalog import CatalogError, SliceShape, chips_per_host_choice
 from tpu_operator.placement.pools import Allocation, MachineChoice, PoolGone, Request
 from tpu_operator.policies import (
     failure,
+    fallback,
     lifetime,
     patience,
     phase,
@@ -131,7 +132,9 @@ class JobReconciler:
         # The machine type of a shape that fits two is decided once, for the first attempt.
         recorded = status.get("shape") if status.get("attempt") else None
         holder = job_holder(namespace, name)
-        choice = machine_for(self.ctx, holder, spec.slice, shape, spec.placement, recorded)
+        step = (status.get("fallback") or {}).get("step", 0)
+        placement = spec.placement.step(step) if spec.placement is not None else None
+        choice = machine_for(self.ctx, holder, spec.slice, shape, placement, recorded)
         return await JobRun(self.ctx, body, spec, choice, self.gangs).reconcile()
 
 
@@ -309,6 +312,7 @@ class JobRun:
         elif self.admission.holds(facts, plan):
             pass  # not admitted (or evicted): no pods, as when suspended
         elif start.should_start(facts, plan, attempt):
+            fallback.check(facts, plan)
             start.start(facts, plan, world, attempt, self.admission.pools())
         elif refusal is not None and refusal.invalid:
             message = (
@@ -316,6 +320,8 @@ class JobRun:
                 "(the job cannot run with it)"
             )
             failure.fail(facts, plan, Reason.INVALID_SPEC, message, None)
+        elif fallback.check(facts, plan):
+            start.replace(facts, plan, world, attempt)
         else:
             plan.act = Act.RUN
             self._run_attempt(attempt, state or self._assess_all(attempt))
@@ -588,6 +594,9 @@ class JobRun:
         recreated = set(plan.status.recreated_slices or ())
         node_pools = plan.status.node_pools or []
         job_spec = facts.raw_spec
+        if job_spec.get("placement") is not None:
+            placement = fallback.wire_placement(job_spec["placement"], plan.status)
+            job_spec = {**job_spec, "placement": placement}
         if plan.template is not None:
             job_spec = {**job_spec, "template": plan.template}
         # All slices at once, not one after the other: each slice's pods are created as
@@ -614,7 +623,7 @@ class JobRun:
             if current is None:
                 writes.append(self.ctx.kube.create(_slices_path(facts.namespace), desired))
                 continue
-            patch = slice_patch(desired, current)
+            patch = slice_patch(desired, current, placement=plan.status.fallback is not None)
             if patch:
                 path = _slices_path(facts.namespace, desired["metadata"]["name"])
                 writes.append(self.ctx.kube.merge_patch(path, patch))
