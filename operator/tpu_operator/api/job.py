@@ -117,6 +117,10 @@ class QueueStatus(ApiModel):
     """Resource -> ResourceFlavor of the admission."""
     admissions: int = 0
     """How often the job was admitted (each admission runs a new attempt)."""
+    position_in_local_queue: int | None = None
+    position_in_cluster_queue: int | None = None
+    """Where a queued job stands (0: next), from Kueue's visibility API (pending
+    workloads); unset when that API is not served (Kueue's VisibilityOnDemand)."""
 
 
 class TPUJobStatus(ApiModel):
