@@ -96,9 +96,9 @@ def test_queued_jobs_show_their_position_from_kueue_s_visibility_api(
     queue(chips=4)  # one v5litepod-4 slice (4 chips) at a time
     tpu.apply(queued_job("first", namespace, {"type": "v5litepod-4"}, "sleep 300"))
     tpu.wait_phase(namespace, "first", "Running", timeout=90)
-    tpu.apply(queued_job("second", namespace, {"type": "v5litepod-4"}, "sleep 1; exit 0"))
+    tpu.apply(queued_job("second", namespace, {"type": "v5litepod-4"}, "sleep 300"))
     wait_queue_state(tpu, namespace, "second", "Queued")
-    tpu.apply(queued_job("third", namespace, {"type": "v5litepod-4"}, "sleep 1; exit 0"))
+    tpu.apply(queued_job("third", namespace, {"type": "v5litepod-4"}, "sleep 300"))
 
     def position(name: str, wanted: int) -> dict[str, Any] | None:
         status = tpu.status(namespace, name)
@@ -120,7 +120,7 @@ def test_queued_jobs_show_their_position_from_kueue_s_visibility_api(
     assert "queued in tpu at position 1 (ClusterQueue position 1; 0 is next)" in third["message"]
     # the first job ends: the second is admitted, the third moves up
     tpu.patch_job(namespace, "first", {"spec": {"suspend": True}})
-    tpu.wait_phase(namespace, "second", ("Running", "Succeeded"), timeout=90)
+    tpu.wait_phase(namespace, "second", "Running", timeout=90)
     wait_until(
         lambda: position("third", 0),
         timeout=60,
