@@ -4,13 +4,16 @@
 # The install step is scripts/install-package.sh: every dependency from
 # requirements/operator.txt (`make lock`), pinned and checked against its hashes.
 #
-# Base image: by tag. Pin it by digest where a registry can be reached
-# (`docker buildx imagetools inspect python:3.11-slim-bookworm`, then
-# FROM python:3.11-slim-bookworm@sha256:...); the test suite builds this file with a local
-# stand-in for the base (docs/contributing/images.md), so no digest is stated here that was not seen.
+# Base image: PYTHON_IMAGE, the official Python image by tag here. A release builds from
+# that tag resolved to its digest, passed as
+# `--build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:...`, and records it in the
+# image's org.opencontainers.image.base.* labels and the release notes
+# (docs/contributing/images.md). The test suite builds this file with a local stand-in for
+# the base, tagged in its place.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # Python 3.11 on Debian bookworm, as the worker image: the lock files are resolved for it.
 
-FROM python:3.11-slim-bookworm AS build
+FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY requirements/ requirements/
@@ -19,7 +22,7 @@ COPY operator/ operator/
 COPY worker-image/ worker-image/
 RUN sh scripts/install-package.sh operator /opt/venv /src
 
-FROM python:3.11-slim-bookworm
+FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="tpu-operator" \
       org.opencontainers.image.description="Kubernetes operator for JAX training on GKE TPU node pools" \
       org.opencontainers.image.licenses="Apache-2.0"

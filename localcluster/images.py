@@ -157,20 +157,40 @@ def derived_digest(spec: DerivedSpec, base_id: str, repo: Path = REPO) -> str:
     return digest.hexdigest()[:12]
 
 
-def base_images(dockerfile_text: str) -> list[str]:
-    """The external images a Dockerfile's stages start from (not its own earlier stages)."""
+def base_images(dockerfile_text: str, build_args: Mapping[str, str] | None = None) -> list[str]:
+    """The external images a Dockerfile's stages start from (not its own earlier stages).
+
+    ``FROM ${NAME}`` takes the value of a global ``ARG NAME=default`` (one before the first
+    ``FROM``), or of ``build_args`` where they set it, as a build does."""
+    arguments: dict[str, str] = {}
     stages: set[str] = set()
     bases: list[str] = []
     for line in dockerfile_text.splitlines():
+        declared = re.match(r"^\s*ARG\s+(\w+)(?:=(\S*))?\s*$", line, re.I)
+        if declared and not stages and not bases:
+            name, default = declared.group(1), declared.group(2)
+            arguments[name] = (build_args or {}).get(name, default or "")
+            continue
         match = re.match(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", line, re.I)
         if not match:
             continue
-        image, alias = match.group(1), match.group(2)
+        image = _expand(match.group(1), arguments)
+        alias = match.group(2)
         if image.lower() not in stages and image not in bases:
             bases.append(image)
         if alias:
             stages.add(alias.lower())
     return bases
+
+
+def _expand(word: str, arguments: Mapping[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in arguments:
+            raise ImageError(f"FROM {word}: ${name} is not a global ARG of the Dockerfile")
+        return arguments[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", value, word)
 
 
 def qualified(image: str) -> str:
@@ -587,7 +607,7 @@ def ensure_base(image: str) -> str:
 def ensure(spec: ImageSpec, repo: Path = REPO) -> ImageConfig:
     """The image of ``spec`` built from this checkout's Dockerfile, or the cached one."""
     ensure_tools()
-    bases = base_images((repo / spec.dockerfile).read_text())
+    bases = base_images((repo / spec.dockerfile).read_text(), dict(spec.build_args))
     base_key = ",".join(ensure_base(base) for base in bases)
     digest = image_digest(spec, base_key, repo)
     tag = spec.tag(digest)

@@ -20,6 +20,8 @@ The YAML format (``localcluster/pools.yaml`` is the default)::
         autoscaling: false         # optional: the simulated cluster autoscaler may scale it
         initial_vms: null          # optional: VMs at start (0: scaled to zero; null: vms)
         taints: []                 # optional: extra node taints ({key, value, effect})
+        dynamic_slicing: false     # optional: an Ironwood cube (tpu7x 4x4x4, 16 VMs) for
+                                   # the slice controller stand-in (agent/slicecontroller.py)
         mode: run                  # run | simulate
         simulate:                  # optional, simulate mode only
           complete_after: null     # seconds until pods terminate (null: run forever)
@@ -32,6 +34,7 @@ The YAML format (``localcluster/pools.yaml`` is the default)::
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -103,6 +106,11 @@ class Pool:
     """VMs registered at start (None: ``vms``; 0: a pool scaled to zero)."""
     auto_provisioned: bool = False
     """Created by the simulated node auto-provisioner (deleted once idle)."""
+    dynamic_slicing: bool = False
+    """An Ironwood cube for dynamic slicing (``localcluster/agent/slicecontroller.py``):
+    tpu7x, 4x4x4, 16 VMs of 4 chips, provisioned without ICI links. Its nodes carry no
+    topology label until the slice controller stand-in forms a Slice of them; they carry
+    the partition id and state labels of the cube and of each sub-slice shape."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -137,6 +145,16 @@ class Pool:
                 f"{where}: topology {self.topology} has {chips} chips; a multi-host pool "
                 f"needs vms * chips_per_vm == {chips} (got {self.vms} * {self.chips_per_vm}),"
                 f" a single-host pool needs chips_per_vm == {chips}"
+            )
+        if self.dynamic_slicing and (
+            self.accelerator != "tpu7x"
+            or self.topology != "4x4x4"
+            or self.vms != CUBE_VMS
+            or self.chips_per_vm != 4
+        ):
+            raise PoolError(
+                f"{where}: dynamic_slicing pools are Ironwood cubes: accelerator tpu7x, "
+                f"topology 4x4x4, vms {CUBE_VMS}, chips_per_vm 4"
             )
         if self.multi_host and self.initial_count not in (0, self.vms):
             raise PoolError(f"{where}: a multi-host TPU pool starts with 0 or all its VMs")
@@ -181,6 +199,13 @@ class Pool:
         if self.accelerator:
             labels[ACCELERATOR_LABEL] = self.accelerator
             labels[TOPOLOGY_LABEL] = self.topology or ""
+        if self.dynamic_slicing:
+            del labels[TOPOLOGY_LABEL]  # set by the slice controller on a formed Slice
+            labels[TOPOLOGY_MODE_LABEL] = "PROVISION_ONLY"
+            index = int(node_name.rsplit("-", 1)[1])
+            for shape, pid in cube_partitions(self.name, index).items():
+                labels[f"{PARTITION_PREFIX}{shape}-id"] = pid
+                labels[f"{PARTITION_PREFIX}{shape}-state"] = "HEALTHY"
         if self.spot:
             labels[SPOT_LABEL] = "true"
             labels["cloud.google.com/gke-provisioning"] = "spot"
@@ -238,6 +263,33 @@ class Pool:
         data["labels"] = dict(self.labels)
         data["taints"] = [dict(taint) for taint in self.taints]
         return data
+
+
+CUBE_VMS = 16
+TOPOLOGY_MODE_LABEL = "cloud.google.com/gke-accelerator-topology-mode"
+PARTITION_PREFIX = "cloud.google.com/gke-tpu-partition-"
+SUB_SLICE_SHAPES = ("2x2x1", "2x2x2", "2x2x4", "2x4x4")
+
+
+def cube_partitions(pool: str, index: int) -> dict[str, str]:
+    """shape -> id of the partitions VM ``index`` of cube ``pool`` belongs to.
+
+    The cube's 16 VMs (2x2x1 chips each) form a 2x2x4 grid: VM i sits at x = i % 2,
+    y = i // 2 % 2, z = i // 4. A 2x2x2 partition is two VMs along z, 2x2x4 the four VMs
+    of one (x, y), 2x4x4 the eight of one x. (GKE documents the labels, not this layout.)
+    """
+    x, y, z = index % 2, index // 2 % 2, index // 4
+    keys = {
+        "2x2x1": f"{index}",
+        "2x2x2": f"{x}{y}{z // 2}",
+        "2x2x4": f"{x}{y}",
+        "2x4x4": f"{x}",
+        "4x4x4": "",
+    }
+    return {
+        shape: hashlib.sha256(f"{pool}/{shape}/{key}".encode()).hexdigest()[:32]
+        for shape, key in keys.items()
+    }
 
 
 def topology_chips(topology: str, where: str = "topology") -> int:

@@ -14,6 +14,8 @@ of the number a change bumps is in docs/contributing/release.md.
     python3 scripts/release.py check-bump vA.B.C [--crds-changed]
     python3 scripts/release.py notes X.Y.Z      # CHANGELOG.md's section for X.Y.Z
     python3 scripts/release.py helm             # path of the helm the tests use (built if missing)
+    python3 scripts/release.py base-image Dockerfile            # the base it names, by tag
+    python3 scripts/release.py pin-base Dockerfile sha256:<hex> # that base at the digest
 
 The standard library only: the release workflow runs it before anything is installed.
 """
@@ -254,6 +256,37 @@ def notes(release: str, changelog: str) -> str:
     )
 
 
+BASE_ARG = "PYTHON_IMAGE"
+"""The Dockerfiles' global build argument naming their base image."""
+_BASE_ARG = re.compile(rf"^ARG[ \t]+{BASE_ARG}=(?P<reference>\S+)[ \t]*$", re.M)
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def base_image(dockerfile: Path) -> str:
+    """The base image a Dockerfile names by tag (its ``ARG PYTHON_IMAGE=`` default)."""
+    text = dockerfile.read_text()
+    found = _BASE_ARG.findall(text)
+    if len(found) != 1 or f"FROM ${{{BASE_ARG}}}" not in text:
+        raise ReleaseError(
+            f"{dockerfile}: expected one `ARG {BASE_ARG}=<image>:<tag>` that its stages start "
+            f"FROM (`FROM ${{{BASE_ARG}}}`), so that a release can build it from a digest"
+        )
+    reference: str = found[0]
+    if "@" in reference:
+        raise ReleaseError(f"{dockerfile}: {BASE_ARG} is already pinned ({reference})")
+    return reference
+
+
+def pin_base(dockerfile: Path, digest: str) -> str:
+    """The build argument's value for a release: the base at the digest the registry gave."""
+    if not _DIGEST.fullmatch(digest):
+        raise ReleaseError(
+            f"base image digest {digest!r}: expected sha256:<64 hex digits>, as "
+            "`docker buildx imagetools inspect` prints for the image's index"
+        )
+    return f"{base_image(dockerfile)}@{digest}"
+
+
 def helm() -> Path:
     """The helm binary the test suite uses: the pinned version, built from its Go module
     with the same flags (``localcluster/binaries.py``, standard library only, loaded
@@ -281,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     notes_ = commands.add_parser("notes", help="CHANGELOG.md's section for a version")
     notes_.add_argument("version")
     commands.add_parser("helm", help="path of the helm the tests use, built if missing")
+    base = commands.add_parser("base-image", help="the base image a Dockerfile names, by tag")
+    base.add_argument("dockerfile", type=Path)
+    pin = commands.add_parser("pin-base", help="a Dockerfile's base image at a digest")
+    pin.add_argument("dockerfile", type=Path)
+    pin.add_argument("digest")
     args = parser.parse_args(argv)
     try:
         if args.command == "version":
@@ -295,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
             check_bump(args.previous_tag, version(), crds_changed=args.crds_changed)
         elif args.command == "helm":
             print(helm())
+        elif args.command == "base-image":
+            print(base_image(args.dockerfile))
+        elif args.command == "pin-base":
+            print(pin_base(args.dockerfile, args.digest))
         else:
             sys.stdout.write(notes(args.version, (REPO / CHANGELOG).read_text()))
     except ReleaseError as error:

@@ -29,6 +29,7 @@ from localcluster.agent.nodes import NodeManager
 from localcluster.agent.pods import PodManager
 from localcluster.agent.provisioner import AutoProvisioner, Autoprovisioning
 from localcluster.agent.runtime import Sandbox
+from localcluster.agent.slicecontroller import SliceController
 from localcluster.agent.volumes import Volumes
 from localcluster.agent.writer import Writer
 from localcluster.layout import Layout
@@ -158,6 +159,13 @@ class Agent:
                         on_synced=self._on_pods_synced,
                     ),
                     name="pods",
+                ),
+                asyncio.create_task(
+                    SliceController(
+                        self.kube,
+                        lambda: any(p.dynamic_slicing for p in self.nodes.pools.values()),
+                    ).run(),
+                    name="slices",
                 ),
             ]
             if self.config.autoprovisioning is not None:

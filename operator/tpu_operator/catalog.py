@@ -321,6 +321,9 @@ class SliceShape:
     generation: Generation
     topology: str
     chips_per_host: int
+    dynamic: str | None = None
+    """Ironwood dynamic slicing (``SuperSlice`` or ``SubSlice``): GKE's slice controller
+    forms the slice out of 4x4x4 cubes when it runs, instead of a node pool of its own."""
 
     @property
     def accelerator(self) -> str:
@@ -344,6 +347,11 @@ class SliceShape:
         return next(
             m for m, chips in self.generation.machine_types.items() if chips == self.chips_per_host
         )
+
+    @property
+    def needs_pool(self) -> bool:
+        """A node pool of its own: every multi-host slice except a dynamic one."""
+        return self.multi_host and self.dynamic is None
 
     @property
     def short_type(self) -> str:
@@ -521,3 +529,51 @@ def peak_bf16_flops_per_device(device_kind: str) -> float | None:
     if generation is None:
         return None
     return generation.peak_bf16_flops_per_chip / generation.jax_devices_per_chip
+
+
+# Ironwood dynamic slicing (docs/tasks/dynamic-slicing.md cites the
+# sources): capacity comes as 4x4x4 cubes (reservation sub-blocks, 16 VMs of 4 chips);
+# GKE's slice controller stitches cubes into a super-slice (every dimension a multiple of
+# 4, A<=B<=C, at most 9,216 chips) or cuts one cube into sub-slices of these shapes.
+DYNAMIC_SLICING_ACCELERATOR = "tpu7x"
+DYNAMIC_SLICING_KINDS = ("SuperSlice", "SubSlice")
+CUBE_TOPOLOGY = "4x4x4"
+CUBE_CHIPS = 64
+SUB_SLICE_TOPOLOGIES = ("2x2x1", "2x2x2", "2x2x4", "2x4x4")
+
+
+def is_super_slice_topology(topology: str) -> bool:
+    """AxBxC, each a multiple of 4, A<=B<=C, at most 144 cubes (the Slice CRD's rule)."""
+    if TOPOLOGY_PATTERN.match(topology) is None:
+        return False
+    dims = _dims(topology)
+    return (
+        len(dims) == 3
+        and all(d % 4 == 0 for d in dims)
+        and dims[0] <= dims[1] <= dims[2]
+        and _chips(topology) <= 144 * CUBE_CHIPS
+    )
+
+
+def dynamic_slicing_error(kind: str, accelerator: str, topology: str) -> str | None:
+    """Why ``kind`` of dynamic slice cannot have this shape (None: it can)."""
+    if accelerator != DYNAMIC_SLICING_ACCELERATOR:
+        return (
+            f"dynamicSlicing: {kind} is Ironwood's (accelerator tpu7x); {accelerator} "
+            "slices run on node pools of their shape: remove dynamicSlicing"
+        )
+    if kind == "SubSlice" and topology not in SUB_SLICE_TOPOLOGIES:
+        return (
+            f"dynamicSlicing: a SubSlice is cut from one 4x4x4 cube: topology must be one "
+            f"of {', '.join(SUB_SLICE_TOPOLOGIES)} (not {topology}); 4x4x4 and larger are "
+            "SuperSlices"
+        )
+    if kind == "SuperSlice" and not is_super_slice_topology(topology):
+        return (
+            f"dynamicSlicing: a SuperSlice is made of whole 4x4x4 cubes: topology must be "
+            f"AxBxC with each a multiple of 4 and A<=B<=C, at most 9216 chips (e.g. "
+            f"4x4x4, 4x4x8, 8x8x8), not {topology}; smaller shapes are SubSlices"
+        )
+    if kind not in DYNAMIC_SLICING_KINDS:
+        return f"dynamicSlicing: {kind} is not one of {', '.join(DYNAMIC_SLICING_KINDS)}"
+    return None

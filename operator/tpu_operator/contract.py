@@ -49,6 +49,36 @@ CLAIM_PREFIX: Final = "auto:"
 """Prefix of a claim reference: a pool GKE is asked to create (``auto:<label value>``), as
 ``status.nodePools`` and a pod's pool key name it."""
 TPU_RESOURCE: Final = "google.com/tpu"
+# Ironwood dynamic slicing (``placement/dynamic.py``; sources in docs/tasks/dynamic-slicing.md).
+NODE_LABEL_TPU_SLICE: Final = "cloud.google.com/gke-tpu-slice"
+"""Set by GKE's slice controller on the nodes of an active Slice: the Slice's name."""
+ANNOTATION_SLICE_TOPOLOGY: Final = "cloud.google.com/gke-tpu-slice-topology"
+"""Pod annotation: the topology of the dynamic slice the pod runs in."""
+PARTITION_LABEL_PREFIX: Final = "cloud.google.com/gke-tpu-partition-"
+"""Node labels ``<prefix><shape>-id`` and ``<prefix><shape>-state`` (shape 4x4x4 for the
+cube, or a sub-slice shape): the partition the node belongs to and its health."""
+PARTITION_USABLE_STATES: Final = ("HEALTHY", "DEGRADED")
+"""Partition states a slice may be formed of (GKE: UNHEALTHY, UNSET, INCOMPLETE may not)."""
+SLICE_GROUP: Final = "accelerator.gke.io"
+SLICE_API_VERSION: Final = "accelerator.gke.io/v1beta1"
+SLICE_CRD_PLURAL: Final = "slices"
+SLICE_READY_REASONS: Final = ("ACTIVE", "ACTIVE_DEGRADED")
+ANNOTATION_SLICE_OWNER: Final = PREFIX + "slice-owner"
+"""On a GKE Slice the operator made: ``<namespace>/<TPUSlice name>`` (a cluster-scoped
+object cannot have a namespaced owner reference)."""
+LABEL_SLICE_OWNER: Final = PREFIX + "slice-owner"
+"""On a GKE Slice the operator made: a digest of ``<namespace>/<TPUSlice name>``, to list a
+TPUSlice's Slices."""
+
+
+def partition_id_label(shape: str) -> str:
+    return f"{PARTITION_LABEL_PREFIX}{shape}-id"
+
+
+def partition_state_label(shape: str) -> str:
+    return f"{PARTITION_LABEL_PREFIX}{shape}-state"
+
+
 TPU_TAINT_KEY: Final = "google.com/tpu"
 TPU_TAINT_VALUE: Final = "present"
 TPU_TAINT_EFFECT: Final = "NoSchedule"

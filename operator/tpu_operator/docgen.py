@@ -367,6 +367,15 @@ _OPERATOR_LABELS: dict[str, tuple[str, str]] = {
         "Kueue's LocalQueue. With `--kueue` the job is admitted through a Workload; the "
         "label is copied onto the job's TPUSlices, never onto pods.",
     ),
+    "LABEL_SLICE_OWNER": (
+        "GKE Slices (accelerator.gke.io) the operator made",
+        "A digest of `<namespace>/<TPUSlice>`: the dynamically sliced TPUSlice the Slice "
+        "was formed for.",
+    ),
+    "ANNOTATION_SLICE_OWNER": (
+        "GKE Slices (annotation)",
+        "`<namespace>/<TPUSlice>` the Slice was formed for (Slices are cluster-scoped).",
+    ),
 }
 _NODE_FACTS: dict[str, tuple[str, str]] = {
     "NODE_LABEL_ACCELERATOR": (
@@ -390,6 +399,17 @@ _NODE_FACTS: dict[str, tuple[str, str]] = {
         "nodes of pools GKE creates, pod node selectors and tolerations",
         "Label and NoSchedule taint key, unique per slice, of a pool GKE creates for "
         "`placement.provisioning: Auto`.",
+    ),
+    "NODE_LABEL_TPU_SLICE": (
+        "nodes (GKE's slice controller), pod node selectors",
+        "The GKE Slice a node belongs to once formed; a dynamically sliced TPUSlice's pods "
+        f"select it. With `{contract.PARTITION_LABEL_PREFIX}<shape>-id` and `-state` (read "
+        "to choose healthy cubes; a cube not HEALTHY or DEGRADED under a running slice is "
+        "a lost node).",
+    ),
+    "ANNOTATION_SLICE_TOPOLOGY": (
+        "worker pods of a dynamic slice (annotation)",
+        "The topology of the dynamic slice the pod runs in, as GKE documents it.",
     ),
     "TPU_RESOURCE": ("pod resources", "The TPU chips of a VM, requested by the worker container."),
     "TPU_TAINT_KEY": (

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 import subprocess
 import urllib.error
 from pathlib import Path
@@ -92,7 +91,10 @@ def lease_holder(cluster) -> str:
     return (lease["spec"].get("holderIdentity") or "").rsplit("_", 1)[0]
 
 
-def test_chart_lints_and_renders_objects_the_apiserver_accepts(cluster, helm, monitoring_crds):
+def test_chart_renders_the_install_it_documents(helm):
+    """What the chart renders for the settings the docs name. Lint, strict schema
+    validation, the server dry-run and promtool for every values combination are the chart
+    tier's (tests/chart)."""
     everything = {
         "serviceMonitor": {"enabled": True},
         "podMonitor": {"enabled": True},
@@ -100,8 +102,6 @@ def test_chart_lints_and_renders_objects_the_apiserver_accepts(cluster, helm, mo
         "dashboards": {"enabled": True},
     }
     namespaced = {"watchNamespaces": ["team-a", "team-b"]}
-    for values in ({}, everything, namespaced):
-        helm("lint", str(CHART), "--strict", "--values", values_file(values))
     bad = helm(
         "lint",
         str(CHART),
@@ -110,14 +110,6 @@ def test_chart_lints_and_renders_objects_the_apiserver_accepts(cluster, helm, mo
         check=False,
     )
     assert bad.returncode != 0 and "goodputBelow" in bad.stdout + bad.stderr
-    for namespace in (RELEASE_NAMESPACE, "team-a", "team-b"):
-        cluster.kubectl("create", "namespace", namespace, check=False)
-    for values in ({}, everything, namespaced):
-        # Another release name, so that nothing collides with an installed release.
-        documents = helm.template(values, release="dry-run")
-        stream = "\n---\n".join(json.dumps(d) for d in documents)
-        result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=stream)
-        assert result.stdout.count("(server dry run)") == len(documents)
 
     documents = helm.template(everything)
     deployment = next(d for d in documents if d["kind"] == "Deployment")
@@ -163,13 +155,7 @@ def test_chart_lints_and_renders_objects_the_apiserver_accepts(cluster, helm, mo
     assert shipped == dashboards.dashboards()
 
     rules = next(d for d in documents if d["kind"] == "PrometheusRule")
-    rules_file = Path(values_file({"groups": rules["spec"]["groups"]}))
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool missing: scripts/ensure-prometheus.sh installs Prometheus"
-    check = subprocess.run(
-        [promtool, "check", "rules", str(rules_file)], capture_output=True, text=True, check=False
-    )
-    assert check.returncode == 0 and "SUCCESS: 5 rules found" in check.stdout, check.stdout
+    assert len([r for g in rules["spec"]["groups"] for r in g["rules"]]) == 5
 
     roles = [d for d in helm.template(namespaced) if d["kind"] in ("Role", "ClusterRole")]
     assert sorted((d["kind"], d["metadata"].get("namespace", "")) for d in roles) == [

@@ -70,6 +70,43 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
     ),
     ("no shape at all", edit("spec.slice", {}), ["set either type"]),
     (
+        "dynamic slicing on another generation",
+        edit(
+            "spec.slice",
+            {"accelerator": "tpu-v5p-slice", "topology": "4x4x4", "dynamicSlicing": "SuperSlice"},
+        ),
+        ["spec.slice.dynamicSlicing", "needs accelerator: tpu7x"],
+    ),
+    (
+        "dynamic slicing with a short type",
+        edit("spec.slice", {"type": "tpu7x-128", "dynamicSlicing": "SuperSlice"}),
+        ["spec.slice.dynamicSlicing", "needs accelerator: tpu7x with a topology"],
+    ),
+    (
+        "a sub-slice larger than a cube's parts",
+        edit(
+            "spec.slice",
+            {"accelerator": "tpu7x", "topology": "4x4x8", "dynamicSlicing": "SubSlice"},
+        ),
+        ["spec.slice.topology", "2x2x1, 2x2x2, 2x2x4, 2x4x4, not 4x4x8"],
+    ),
+    (
+        "a super-slice smaller than a cube",
+        edit(
+            "spec.slice",
+            {"accelerator": "tpu7x", "topology": "2x2x4", "dynamicSlicing": "SuperSlice"},
+        ),
+        ["spec.slice.topology", "whole 4x4x4 cubes", "not 2x2x4"],
+    ),
+    (
+        "an unknown kind of dynamic slicing",
+        edit(
+            "spec.slice",
+            {"accelerator": "tpu7x", "topology": "4x4x4", "dynamicSlicing": "Super"},
+        ),
+        ["spec.slice.dynamicSlicing", "Unsupported value", "SuperSlice", "SubSlice"],
+    ),
+    (
         "accelerator without topology",
         edit("spec.slice", {"accelerator": "tpu-v6e-slice"}),
         ["accelerator and topology go together"],
@@ -179,6 +216,16 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "node pool pins that do not match numSlices",
         edit("spec.placement", {"nodePools": ["only-one"]}),
         ["spec.placement.nodePools", "one node pool per slice"],
+    ),
+    (
+        "an elastic job that needs more slices than it has",
+        edit("spec.elastic", {"minSlices": 3}),
+        ["spec.elastic.minSlices", "1 to numSlices"],
+    ),
+    (
+        "an elastic job that trains on no slice",
+        edit("spec.elastic", {"minSlices": 0}),
+        ["spec.elastic.minSlices", "greater than or equal to 1"],
     ),
     (
         "unknown success policy",

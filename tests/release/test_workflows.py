@@ -167,6 +167,37 @@ def test_the_images_are_the_repository_s_dockerfiles_under_the_names_the_chart_u
 
 
 @pytest.mark.unit
+def test_the_images_are_built_from_their_base_resolved_to_a_digest(tmp_path: Path):
+    job = _workflow("release.yaml")["jobs"]["images"]
+    names = [step.get("name", "") for step in job["steps"]]
+    resolve = job["steps"][names.index("Resolve the base image to its digest")]
+    build = job["steps"][names.index("Build and push, with SBOM and provenance attestations")]
+    assert names.index(resolve["name"]) < names.index(build["name"])
+    assert 'release.py base-image "$DOCKERFILE"' in resolve["run"]
+    assert "docker buildx imagetools inspect" in resolve["run"]
+    assert 'release.py pin-base "$DOCKERFILE" "$digest"' in resolve["run"]
+    assert build["env"]["BASE_PINNED"] == "${{ steps.base.outputs.pinned }}"
+    assert '--build-arg "PYTHON_IMAGE=$BASE_PINNED"' in build["run"]
+    assert '--label "org.opencontainers.image.base.digest=$BASE_DIGEST"' in build["run"]
+    # Both Dockerfiles start every stage FROM the argument the release sets.
+    for entry in job["strategy"]["matrix"]["include"]:
+        dockerfile = REPO / entry["dockerfile"]
+        assert release.base_image(dockerfile) == "python:3.11-slim-bookworm"
+        stages = re.findall(r"(?m)^FROM\s+(\S+)", dockerfile.read_text())
+        assert stages and set(stages) == {"${PYTHON_IMAGE}"}, dockerfile
+    digest = "sha256:" + "ab" * 32
+    pinned = release.pin_base(REPO / "Dockerfile", digest)
+    assert pinned == f"python:3.11-slim-bookworm@{digest}"
+    for bad in ("", "sha256:abc", "md5:" + "0" * 64, digest.upper()):
+        with pytest.raises(release.ReleaseError, match="expected sha256:<64 hex digits>"):
+            release.pin_base(REPO / "Dockerfile", bad)
+    by_tag = tmp_path / "Dockerfile"
+    by_tag.write_text("FROM python:3.11-slim-bookworm\n")
+    with pytest.raises(release.ReleaseError, match=r"expected one `ARG PYTHON_IMAGE="):
+        release.base_image(by_tag)
+
+
+@pytest.mark.unit
 def test_the_chart_goes_to_the_registry_the_readme_installs_from():
     workflow = _workflow("release.yaml")
     assert workflow["env"]["REGISTRY"] == release.REGISTRY

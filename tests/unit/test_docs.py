@@ -234,6 +234,12 @@ def inline_and_code(path: Path) -> Iterator[tuple[int, str]]:
 
 
 EXTERNAL_FLAGS = {
+    # gcloud and xpk (tasks/dynamic-slicing.md)
+    "--enable-slice-controller",
+    "--accelerator-topology",
+    "--accelerator-topology-mode",
+    "--super-slicing",
+    "--sub-slicing",
     # helm
     "--set",
     "--create-namespace",

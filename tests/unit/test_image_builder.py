@@ -45,6 +45,20 @@ def test_base_images_skip_earlier_stages_and_flags():
     ]
 
 
+def test_from_takes_global_args_and_the_build_s_values_for_them():
+    text = (
+        "ARG PYTHON_IMAGE=python:3.11-slim-bookworm\n"
+        "FROM ${PYTHON_IMAGE} AS build\n"
+        "ARG PYTHON_IMAGE\n"  # inside a stage: not a global argument
+        "FROM $PYTHON_IMAGE\n"
+    )
+    assert images.base_images(text) == ["python:3.11-slim-bookworm"]
+    pinned = "python:3.11-slim-bookworm@sha256:" + "0" * 64
+    assert images.base_images(text, {"PYTHON_IMAGE": pinned}) == [pinned]
+    with pytest.raises(images.ImageError, match=r"\$OTHER is not a global ARG"):
+        images.base_images("FROM $OTHER\n")
+
+
 def test_no_stand_in_without_debian_s_python_of_that_minor():
     with pytest.raises(images.ImageError, match=r"Debian bookworm does not ship Python 3\.12"):
         images.stand_in("python:3.12-slim-bookworm")
@@ -115,8 +129,9 @@ def test_a_derived_image_is_keyed_by_its_own_directory_and_its_base(tmp_path):
     assert images.derived_digest(spec, "sha256:worker", tmp_path) != first
     # Its Dockerfile starts from the image its build argument names.
     dockerfile = (context / "Dockerfile").read_text()
-    assert images.base_images(dockerfile) == [f"${{{spec.base_arg}}}"]
     assert re.search(rf"(?m)^ARG {spec.base_arg}=ghcr.io/tpu-operator/tpu-worker:", dockerfile)
+    built_from = images.base_images(dockerfile, {spec.base_arg: "localhost/tpu-worker:abc"})
+    assert built_from == ["localhost/tpu-worker:abc"]
 
 
 INSPECT = {

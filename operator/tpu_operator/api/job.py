@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tpu_operator.api.capacity import FallbackStatus, JobPlacement
 from tpu_operator.api.common import ApiModel, Condition, Failure, cel, rules
@@ -31,6 +31,17 @@ class JobSliceSpec(ShapeFields):
     model_config = {**ShapeFields.model_config, "json_schema_extra": rules(*shape_rules())}
 
 
+class Elastic(ApiModel):
+    """Train on fewer slices while a slice cannot be replaced (docs/tasks/restarts.md)."""
+
+    min_slices: int = Field(ge=1, le=1024)
+    """The fewest slices the job can train on (1 to numSlices). When a restart cannot
+    bring a slice back (its node pool is unhealthy, or its failures there reached
+    failurePolicy.maxSliceFailuresPerPool, and no free healthy pool of its shape is
+    there to move it to), the next attempt runs without it on the others, if at least
+    minSlices remain; the job grows back to numSlices once a healthy pool is there."""
+
+
 class TPUJobSpec(ApiModel):
     """A training job: slice shape, number of slices, worker template and policies."""
 
@@ -54,6 +65,12 @@ class TPUJobSpec(ApiModel):
                 "placement.nodePools pins one node pool per slice: give exactly numSlices "
                 "entries, or leave it unset to let the operator pick free pools",
                 field_path=".placement.nodePools",
+            ),
+            cel(
+                "!has(self.elastic) || self.elastic.minSlices <= self.numSlices",
+                "elastic.minSlices: the fewest slices the job trains on must be 1 to "
+                "numSlices, not more",
+                field_path=".elastic.minSlices",
             ),
         ),
     }
@@ -83,6 +100,18 @@ class TPUJobSpec(ApiModel):
     ports: PortsSpec | None = None
     monitoring: Monitoring | None = None
     """Progress sampling, stall and straggler detection."""
+    elastic: Elastic | None = None
+    """Train on fewer slices (at least elastic.minSlices) while one cannot be replaced,
+    and grow back once it can. Unset: every attempt runs on numSlices slices."""
+
+    @model_validator(mode="after")
+    def _elastic_fits(self) -> TPUJobSpec:
+        if self.elastic is not None and self.elastic.min_slices > self.num_slices:
+            raise ValueError(
+                f"elastic.minSlices: the fewest slices the job trains on must be 1 to "
+                f"numSlices ({self.num_slices}), not {self.elastic.min_slices}"
+            )
+        return self
 
 
 class SliceSummary(ApiModel):
@@ -98,6 +127,28 @@ class SliceSummary(ApiModel):
     """Of those, the failures on the node pool it has now that its hosts may be to blame
     for (a worker's exit, a stall, a lost node); a slice that moves starts again at 0
     (failurePolicy.maxSliceFailuresPerPool)."""
+
+
+class DroppedSlice(ApiModel):
+    """A slice an elastic job runs without (spec.elastic)."""
+
+    index: int
+    reason: str
+    """Why it could not be brought back: its node pool's state, or its failures there."""
+    since: str | None = None
+    """When the job began to run without it."""
+    worn: bool = False
+    """Dropped for its failures on its node pool: it comes back only on another pool."""
+
+
+class GrowBack(ApiModel):
+    """An elastic job's way back to numSlices slices: a checkpoint first."""
+
+    requested_at: str
+    """When the workers were asked to checkpoint."""
+    checkpoint_save_seconds: float | None = None
+    """The checkpoint-save seconds worker 0 had reported by then: more means the
+    checkpoint was written (without figures the job waits a while instead)."""
 
 
 class QueueStatus(ApiModel):
@@ -149,6 +200,14 @@ class TPUJobStatus(ApiModel):
     in_place_since: str | None = None
     """When the running in-place (or mixed) restart began
     (failurePolicy.inPlaceTimeoutSeconds)."""
+    active_slices: int | None = None
+    """Slices the current attempt runs on (spec.elastic); numSlices unless some are in
+    droppedSlices."""
+    dropped_slices: list[DroppedSlice] = Field(default_factory=list)
+    """Slices an elastic job runs without, by index, and why; empty at full size."""
+    grow_back: GrowBack | None = None
+    """Set while an elastic job that runs without some slices waits for its workers'
+    checkpoint before it restarts on all of them (a healthy pool is there again)."""
     checkpoint_requests: int = 0
     """How often the workers were asked to checkpoint ahead of a node disruption."""
     disruption_notices: list[str] = Field(default_factory=list, max_length=64)

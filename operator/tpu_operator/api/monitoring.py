@@ -89,6 +89,6 @@ class Goodput(ApiModel):
     productive_seconds: float = 0.0
     badput_seconds: dict[str, float] = Field(default_factory=dict)
     """scheduling, initialization, compilation, dataWait, checkpointSave, checkpointRestore,
-    lostProgress, restartDowntime, shutdown, suspended, other."""
+    lostProgress, restartDowntime, shutdown, suspended, degraded, other."""
     finished_attempts: dict[str, float] = Field(default_factory=dict)
     """Totals carried over from attempts that ended (the operator's bookkeeping)."""

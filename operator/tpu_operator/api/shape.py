@@ -8,6 +8,7 @@ operator resolves the same fields with the same catalog (``resolve``).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Literal, get_args
 
 from pydantic import Field
@@ -19,6 +20,8 @@ Accelerator = Literal[
     "tpu-v4-podslice", "tpu-v5-lite-podslice", "tpu-v5p-slice", "tpu-v6e-slice", "tpu7x"
 ]
 assert set(get_args(Accelerator)) == set(catalog.BY_ACCELERATOR), "catalog and API disagree"
+DynamicSlicing = Literal["SuperSlice", "SubSlice"]
+assert get_args(DynamicSlicing) == catalog.DYNAMIC_SLICING_KINDS, "catalog and API disagree"
 
 
 def _literal(value: Any) -> str:
@@ -132,6 +135,45 @@ def shape_rules() -> list[dict[str, str]]:
             "(chipsPerHost: 4); leave it unset otherwise",
             field_path=".chipsPerHost",
         ),
+        *dynamic_slicing_rules(),
+    ]
+
+
+def dynamic_slicing_rules() -> list[dict[str, str]]:
+    """``dynamicSlicing``: Ironwood only, with the shapes each kind can have."""
+    acc = catalog.DYNAMIC_SLICING_ACCELERATOR
+    subs = list(catalog.SUB_SLICE_TOPOLOGIES)
+    small = list(catalog.BY_ACCELERATOR[acc].small_topologies)
+    return [
+        cel(
+            f"!has(self.dynamicSlicing) || (has(self.accelerator) && self.accelerator == '{acc}')",
+            "dynamicSlicing (Ironwood dynamic slicing) needs accelerator: tpu7x with a "
+            "topology, e.g. 4x4x8 (SuperSlice) or 2x2x2 (SubSlice); other accelerators and "
+            "short types run on node pools of their shape",
+            field_path=".dynamicSlicing",
+        ),
+        cel(
+            "!has(self.dynamicSlicing) || self.dynamicSlicing != 'SubSlice' || "
+            f"!has(self.topology) || self.topology in {_literal(subs)}",
+            message_expression=(
+                "'dynamicSlicing: a SubSlice is cut from one 4x4x4 cube, so topology must "
+                f"be one of {', '.join(subs)}, not ' + self.topology + "
+                "' (4x4x4 and larger are SuperSlices)'"
+            ),
+            field_path=".topology",
+            reason="FieldValueInvalid",
+        ),
+        cel(
+            "!has(self.dynamicSlicing) || self.dynamicSlicing != 'SuperSlice' || "
+            f"!has(self.topology) || !(self.topology in {_literal(small)})",
+            message_expression=(
+                "'dynamicSlicing: a SuperSlice is made of whole 4x4x4 cubes, so topology "
+                "must be AxBxC with each a multiple of 4 and A<=B<=C (e.g. 4x4x4, 4x4x8, "
+                "8x8x8), not ' + self.topology + ' (smaller shapes are SubSlices)'"
+            ),
+            field_path=".topology",
+            reason="FieldValueInvalid",
+        ),
     ]
 
 
@@ -149,14 +191,31 @@ class ShapeFields(ApiModel):
     """Chip topology, e.g. 2x4, 4x4 (v5e, v6e) or 2x2x2, 4x4x4 (v4, v5p, tpu7x)."""
     chips_per_host: int | None = Field(default=None, ge=1, le=8)
     """Chips per VM where a topology fits two machine types (v5e/v6e 2x4: 8 or 4)."""
+    dynamic_slicing: DynamicSlicing | None = None
+    """(tpu7x only) Ironwood dynamic slicing: GKE's slice controller forms the slice when
+    it runs out of 4x4x4 cubes (reservation sub-blocks) instead of the slice taking a node
+    pool of its shape. SuperSlice: whole cubes stitched together (topology AxBxC, each a
+    multiple of 4, A<=B<=C, e.g. 4x4x8). SubSlice: part of one cube (2x2x1, 2x2x2, 2x2x4
+    or 2x4x4). The operator forms a Slice (accelerator.gke.io) of healthy cubes for each
+    attempt; docs/tasks/dynamic-slicing.md."""
 
     def resolve(self) -> catalog.SliceShape:
         """The catalog shape; raises CatalogError with the valid choices."""
         if self.type is not None:
+            if self.dynamic_slicing is not None:
+                raise catalog.CatalogError(
+                    "dynamicSlicing needs accelerator: tpu7x and a topology, not a type"
+                )
             return catalog.from_short_type(self.type, self.chips_per_host)
         if self.accelerator is None or self.topology is None:
             raise catalog.CatalogError("set type, or accelerator and topology")
-        return catalog.shape(self.accelerator, self.topology, self.chips_per_host)
+        resolved = catalog.shape(self.accelerator, self.topology, self.chips_per_host)
+        if self.dynamic_slicing is None:
+            return resolved
+        error = catalog.dynamic_slicing_error(self.dynamic_slicing, self.accelerator, self.topology)
+        if error:
+            raise catalog.CatalogError(error)
+        return replace(resolved, dynamic=self.dynamic_slicing)
 
 
 def valid_shape_expr(s: str) -> str:

@@ -54,6 +54,11 @@ class TPUSliceSpec(ShapeFields):
     """Set by the owning TPUJob: index of this slice in the job."""
     num_slices: int = Field(default=1, ge=1, le=1024)
     """Set by the owning TPUJob: number of slices in the job."""
+    world_slices: list[int] | None = Field(default=None, max_length=1024)
+    """Set by the owning TPUJob while it runs on fewer slices than numSlices (elastic):
+    the indices of the slices the attempt runs on, in order. The workers' multislice
+    world is these slices: this slice's position in the list is its MEGASCALE_SLICE_ID,
+    and the first one's worker 0 is the coordinator."""
     attempt: int = Field(default=0, ge=0, le=MAX_ATTEMPT)
     """Set by the owning TPUJob: the attempt whose pods this slice runs."""
     not_before: str | None = None

@@ -135,6 +135,15 @@ class Reason(StrEnum):
     """A slice whose pods a restart recreates had a node pool with a VM not ready or
     cordoned: the slice moved to a free healthy pool of its shape (or, with none free,
     waits for the repair). An unhealthy pool is given to no slice until it is healthy."""
+    SLICES_DROPPED = "SlicesDropped"
+    """(Event.) An elastic job (spec.elastic) restarts without the slices a restart could
+    not bring back (their node pool unhealthy, or their failures there at
+    failurePolicy.maxSliceFailuresPerPool, with no free healthy pool to move to): the
+    next attempt trains on the others (status.droppedSlices)."""
+    SLICES_RESTORED = "SlicesRestored"
+    """An elastic job that ran without some slices has a healthy node pool for each of
+    them again: once its workers were asked to checkpoint, it restarts on all numSlices
+    (a restart not counted against maxRestarts)."""
     UNSCHEDULABLE = "Unschedulable"
     """The scheduler cannot place the attempt's pods (its message is in the condition)."""
     SCHEDULED = "Scheduled"

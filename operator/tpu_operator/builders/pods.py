@@ -7,10 +7,11 @@ Merge rules between the user's pod template and what the operator sets:
   ``tpu-operator.dev/*`` (the template's labels and annotations are kept beside them, but
   for any of the operator's own prefix).
 - Node selectors merge: the operator's keys (accelerator, topology, node pool or, for a
-  pool GKE is to create for the slice, ``tpu-operator.dev/slice-pool``, spot,
-  reservation) win, other template keys stay. ``placement.spot: false`` becomes a required
-  node affinity (``cloud.google.com/gke-spot NotIn [true]``: on-demand nodes have no spot
-  label), ANDed into every node selector term of the template's own affinity.
+  pool GKE is to create for the slice, ``tpu-operator.dev/slice-pool``, or the GKE Slice
+  of an Ironwood dynamic slice, spot, reservation) win, other template keys stay.
+  ``placement.spot: false`` becomes a required node affinity
+  (``cloud.google.com/gke-spot NotIn [true]``: on-demand nodes have no spot label), ANDed
+  into every node selector term of the template's own affinity.
 - Tolerations: the template's are kept; the TPU taint toleration is added (and that of
   the slice's own pool's ``tpu-operator.dev/slice-pool`` taint), and NoExecute
   tolerations for ``node.kubernetes.io/not-ready`` and ``unreachable`` with the failure
@@ -77,11 +78,17 @@ class NodePlacement:
     """The slice-pool label value of a pool GKE creates (or created) for this slice alone
     (placement/provisioning.py). Without ``node_pool`` the pods select it, so that GKE
     creates the pool; either way they tolerate its ``NoSchedule`` taint."""
+    dynamic_slice: str | None = None
+    """Ironwood dynamic slicing: the GKE Slice formed for the pods' attempt
+    (``placement/dynamic.py``). The pods select its nodes (``cloud.google.com/gke-tpu-slice``)
+    and carry ``cloud.google.com/gke-tpu-slice-topology``."""
 
     def node_selector(self, wiring: PodWiring) -> dict[str, str]:
         selector = dict(self.extra_selector)
         selector[contract.NODE_LABEL_ACCELERATOR] = wiring.shape.accelerator
         selector[contract.NODE_LABEL_TOPOLOGY] = wiring.shape.topology
+        if self.dynamic_slice:
+            selector[contract.NODE_LABEL_TPU_SLICE] = self.dynamic_slice
         if self.node_pool:
             selector[contract.NODE_LABEL_NODEPOOL] = self.node_pool
         elif self.slice_pool:
@@ -228,7 +235,10 @@ def worker_pod(
         "labels": labels,
         "ownerReferences": [owner.reference()],
     }
-    if annotations := _users(template_meta.get("annotations")):
+    annotations = _users(template_meta.get("annotations"))
+    if placement.dynamic_slice:
+        annotations[contract.ANNOTATION_SLICE_TOPOLOGY] = wiring.shape.topology
+    if annotations:
         metadata["annotations"] = annotations
 
     spec["hostname"] = wiring.pod_name

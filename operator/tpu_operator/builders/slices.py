@@ -23,11 +23,14 @@ def job_slice(
     in_place_from: int | None = None,
     control_key_secret: str | None = None,
     control_key_id: str | None = None,
+    world: list[int] | None = None,
 ) -> dict[str, Any]:
     """TPUSlice ``index`` of a job, as the job wants it for ``attempt``.
 
     ``job_spec`` is the job's spec as stored (camelCase); the shape, template, placement
     and ports are copied verbatim so the slice builds its pods from the same source.
+    ``world``: the slices the attempt runs on, when an elastic job runs on fewer than
+    all of them (``worldSlices``).
     """
     name = contract.slice_name(job_name, index)
     spec: dict[str, Any] = {
@@ -60,6 +63,8 @@ def job_slice(
         spec["controlKeySecret"] = control_key_secret
     if control_key_id:
         spec["controlKeyId"] = control_key_id
+    if world is not None:
+        spec["worldSlices"] = list(world)
     labels = dict(extra_labels or {})
     labels.update(
         {
@@ -99,6 +104,7 @@ def slice_patch(
         "inPlaceFrom",
         "controlKeySecret",
         "controlKeyId",
+        "worldSlices",
     )
     want = desired["spec"]
     have = current.get("spec") or {}

@@ -48,6 +48,9 @@ class PodWiring:
     ports: Ports = Ports()
     # Name of slice i of the gang; defaults to contract.slice_name(job_name, i).
     slice_names: tuple[str, ...] = ()
+    # The slices (by index in the job) the attempt runs on when an elastic job runs on
+    # fewer than num_slices; empty: all of them.
+    world: tuple[int, ...] = ()
 
     @property
     def pod_name(self) -> str:
@@ -77,17 +80,29 @@ class PodWiring:
         )
 
     @property
+    def world_size(self) -> int:
+        """Slices the attempt runs on: num_slices, or fewer when ``world`` names them."""
+        return len(self.world) if self.world else self.num_slices
+
+    @property
+    def rank(self) -> int:
+        """This slice's place in the attempt's world (its MEGASCALE_SLICE_ID)."""
+        return self.world.index(self.slice_index) if self.world else self.slice_index
+
+    @property
     def leader_host(self) -> str:
-        """DNS name of slice 0 worker 0: the JAX and Megascale coordinator."""
-        return contract.pod_dns_name(contract.pod_name(self.slice_name_of(0), 0), self.service)
+        """DNS name of the world's first slice's worker 0: the JAX and Megascale
+        coordinator."""
+        first = self.world[0] if self.world else 0
+        return contract.pod_dns_name(contract.pod_name(self.slice_name_of(first), 0), self.service)
 
     @property
     def process_id(self) -> int:
-        return contract.global_process_id(self.slice_index, self.shape.hosts, self.worker_index)
+        return contract.global_process_id(self.rank, self.shape.hosts, self.worker_index)
 
     @property
     def num_processes(self) -> int:
-        return self.num_slices * self.shape.hosts
+        return self.world_size * self.shape.hosts
 
 
 # Every pod of a slice carries the same peer lists, as long as the slice has hosts: built
@@ -130,10 +145,10 @@ def contract_env(wiring: PodWiring) -> list[dict[str, object]]:
             _value(contract.ENV_TPU_PROCESS_ADDRESSES, wiring.process_addresses_value()),
             _value(contract.ENV_TPU_PROCESS_PORT, wiring.ports.tpu_process),
         ]
-    if wiring.num_slices > 1:
+    if wiring.world_size > 1:
         env += [
-            _value(contract.ENV_MEGASCALE_NUM_SLICES, wiring.num_slices),
-            _value(contract.ENV_MEGASCALE_SLICE_ID, wiring.slice_index),
+            _value(contract.ENV_MEGASCALE_NUM_SLICES, wiring.world_size),
+            _value(contract.ENV_MEGASCALE_SLICE_ID, wiring.rank),
             _value(contract.ENV_MEGASCALE_COORDINATOR_ADDRESS, wiring.leader_host),
             _value(contract.ENV_MEGASCALE_PORT, wiring.ports.megascale),
         ]
@@ -145,8 +160,8 @@ def contract_env(wiring: PodWiring) -> list[dict[str, object]]:
         _value(contract.ENV_PROCESS_ID, wiring.process_id),
         _value(contract.ENV_NUM_PROCESSES, wiring.num_processes),
         _value(contract.ENV_JOB_NAME, wiring.job_name),
-        _value(contract.ENV_SLICE_INDEX, wiring.slice_index),
-        _value(contract.ENV_NUM_SLICES, wiring.num_slices),
+        _value(contract.ENV_SLICE_INDEX, wiring.rank),
+        _value(contract.ENV_NUM_SLICES, wiring.world_size),
         _value(contract.ENV_HOSTS_PER_SLICE, shape.hosts),
         _value(contract.ENV_CHIPS_PER_HOST, shape.chips_per_host),
         _value(contract.ENV_RESTART_ATTEMPT, wiring.attempt),

@@ -6,7 +6,9 @@ booked with its backoff and its kind: in place (the supervisors stop and restart
 training processes in the pods they have), by recreating the pods, or mixed: the slices
 the failure touched recreated, the others in place (``decisions.restart_kind``). The next
 attempt is committed before any slice moves to it; pools that vanished are replaced
-before its pods exist (``pools.renew_vanished``)."""
+before its pods exist (``pools.renew_vanished``), slices on broken pools move to healthy
+ones (``pools.move_from_unhealthy``), and an elastic job goes on without the slices that
+cannot (``elastic.shrink``)."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from tpu_operator import contract
 from tpu_operator.api.common import Failure
 from tpu_operator.api.conditions import stamp
 from tpu_operator.api.status import ConditionType, Phase, Reason, RestartKind
-from tpu_operator.decisions import book_restart, decide, restart_kind
-from tpu_operator.policies import pools
+from tpu_operator.decisions import RestartChoice, book_restart, decide, restart_kind
+from tpu_operator.policies import elastic, pools
 from tpu_operator.policies.in_place import IN_PLACE_KINDS
 from tpu_operator.policies.plan import Act, JobFacts, Plan, World
 from tpu_operator.policies.suspend import stopped
@@ -120,17 +122,41 @@ def attempt_failed(
     status.attempt = attempt + 1
     status.phase = Phase.RESTARTING
     pods = facts.pods
-    choice = restart_kind(
-        supervised=facts.supervised,
-        refused=facts.supervision_refused,
-        mode=facts.policy.restart_mode,
-        failure=failure,
-        pods=[p for p in pods if p.attempt == attempt],
-        num_slices=facts.spec.num_slices,
-        hosts=facts.shape.hosts,
-        not_ready_nodes=world.not_ready_nodes(p.node for p in pods),
-        worn=worn,
+    dropped = {d.index for d in status.dropped_slices}
+    if dropped:
+        # The attempt ran without some slices: the next one's world is chosen anew.
+        choice = RestartChoice(
+            RestartKind.RECREATE, f"the job ran on {status.active_slices} of its slices"
+        )
+    else:
+        choice = restart_kind(
+            supervised=facts.supervised,
+            refused=facts.supervision_refused,
+            mode=facts.policy.restart_mode,
+            failure=failure,
+            pods=[p for p in pods if p.attempt == attempt],
+            num_slices=facts.spec.num_slices,
+            hosts=facts.shape.hosts,
+            not_ready_nodes=world.not_ready_nodes(p.node for p in pods),
+            worn=worn,
+        )
+    # Committed first, then the slices move to the next attempt (Act.RUN); its pods get
+    # new pools for those that vanished, and slices on broken pools move to healthy ones.
+    said = len(plan.events)  # the restart's own event comes before what it did to pools
+    pools.renew_vanished(facts, plan, world, status.attempt, facts.created_slices(status.attempt))
+    recreated = (
+        range(facts.spec.num_slices) if choice.kind == RestartKind.RECREATE else choice.recreate
     )
+    elastic_job = facts.spec.elastic is not None
+    stuck = pools.move_from_unhealthy(
+        facts, plan, world, recreated, worn, say_waits=not elastic_job
+    )
+    if elastic_job and elastic.shrink(facts, plan, stuck, worn, dropped):
+        choice = RestartChoice(
+            RestartKind.RECREATE,
+            f"the job trains on {status.active_slices} of its {facts.spec.num_slices} slices "
+            "from now on",
+        )
     kind = choice.kind
     in_place = kind in IN_PLACE_KINDS
     status.restart_kind = kind
@@ -149,12 +175,7 @@ def attempt_failed(
     )
     plan.condition(ConditionType.RESTARTING, True, decision.reason, status.message)
     plan.condition(ConditionType.RUNNING, False, Reason.RESTARTING)
-    plan.event("Warning", Reason.RESTARTING, f"{status.message} ({budget})")
+    plan.events.insert(said, ("Warning", Reason.RESTARTING, f"{status.message} ({budget})"))
     plan.after_commit.append(lambda: world.metrics.restart(contract.JOB_KIND, decision.reason))
-    # Committed first, then the slices move to the next attempt (Act.RUN); its pods get
-    # new pools for those that vanished.
-    pools.renew_vanished(facts, plan, world, status.attempt, facts.created_slices(status.attempt))
-    recreated = range(facts.spec.num_slices) if kind == RestartKind.RECREATE else choice.recreate
-    pools.move_from_unhealthy(facts, plan, world, recreated, worn)
     if delay:
         plan.after(delay)

@@ -52,6 +52,8 @@ def summaries(facts: JobFacts, plan: Plan, state: GangState) -> None:
         )
     status.slices = found
     status.slices_ready = f"{ready_slices}/{facts.spec.num_slices}"
+    if facts.spec.elastic is not None:
+        status.active_slices = facts.spec.num_slices - len(status.dropped_slices)
 
 
 def of_attempt(

@@ -167,7 +167,10 @@ class JobFacts:
 
     @property
     def total_workers(self) -> int:
-        return self.spec.num_slices * self.shape.hosts
+        """Workers of the current attempt (an elastic job may run on fewer slices)."""
+        active = self.recorded.get("activeSlices")
+        slices = active if isinstance(active, int) and active > 0 else self.spec.num_slices
+        return min(slices, self.spec.num_slices) * self.shape.hosts
 
     @property
     def holder(self) -> str:
@@ -226,6 +229,7 @@ class Plan:
             now=facts.now,
             track=facts.track,
             publish_interval=publish_interval,
+            desired_slices=facts.spec.num_slices,
         )
         return cls(
             status=status,

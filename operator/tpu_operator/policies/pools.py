@@ -65,16 +65,19 @@ def move_from_unhealthy(
     world: World,
     slices: Iterable[int],
     worn: Mapping[int, str] | None = None,
-) -> None:
+    *,
+    say_waits: bool = True,
+) -> dict[int, str]:
     """Move the ``slices`` a restart recreates off their unhealthy pools, and those
     ``worn`` (failures repeating on their pool; why each): each to a free healthy pool of
     its shape (its spot and reservation as the job asks), all at once, the job's other
     slices keeping theirs. With none free, or pools the user pinned, the slices stay and
-    their new pods wait for the repair; either way an event says so."""
+    their new pods wait for the repair; an event says so (unless ``say_waits`` is false:
+    an elastic job may go on without them, ``policies/elastic.py``). The slices that
+    stay on a broken pool, and why each."""
     refs = plan.status.node_pools or []
-    placement = fallback.placement_of(facts, plan.status)
-    if not refs or (placement is not None and placement.node_pools):
-        return
+    if not refs:
+        return {}
     wanted = set(slices)
     broken = {
         i: f"node pool {why}" for i, why in world.unhealthy_pools(refs).items() if i in wanted
@@ -82,22 +85,22 @@ def move_from_unhealthy(
     for index, why in (worn or {}).items():
         if index in wanted and index < len(refs) and not is_claim(refs[index]):
             broken.setdefault(index, why)
-    if not broken:
-        return
+    placement = fallback.placement_of(facts, plan.status)
+    if not broken or (placement is not None and placement.node_pools):
+        return broken
     requests = [
         replace(r, provision=False, leaves=refs[i]) if i in broken else replace(r, pinned=refs[i])
         for i, r in enumerate(requests_for(facts.shape, placement, len(refs)))
     ]
     allocation = world.allocate(requests)
     if allocation.pools is None:
-        for index, why in sorted(broken.items()):
-            plan.event(
-                "Warning",
-                Reason.NODE_POOL_UNHEALTHY,
-                f"slice {index}: {why}; no free healthy node pool of its shape to "
-                f"move to ({allocation.message}); its new pods wait for the repair",
-            )
-        return
+        stuck = {
+            i: f"{why}; no free healthy node pool of its shape to move to ({allocation.message})"
+            for i, why in sorted(broken.items())
+        }
+        if say_waits:
+            say_wait(plan, stuck)
+        return stuck
     moved = list(refs)
     for index, why in sorted(broken.items()):
         moved[index] = allocation.pools[index]
@@ -107,3 +110,14 @@ def move_from_unhealthy(
             f"slice {index}: {why}; moved to node pool {moved[index]}",
         )
     plan.status.node_pools = moved
+    return {}
+
+
+def say_wait(plan: Plan, stuck: Mapping[int, str]) -> None:
+    """Events for the slices whose new pods wait for their pool's repair."""
+    for index, why in sorted(stuck.items()):
+        plan.event(
+            "Warning",
+            Reason.NODE_POOL_UNHEALTHY,
+            f"slice {index}: {why}; its new pods wait for the repair",
+        )

@@ -28,7 +28,7 @@ def should_start(facts: JobFacts, plan: Plan, attempt: int) -> bool:
     return (
         attempt == 0
         or status.phase in (Phase.SUSPENDED, Phase.QUEUED)
-        or (facts.shape.multi_host and not status.node_pools)
+        or (facts.shape.needs_pool and not status.node_pools)
     )
 
 
@@ -46,7 +46,7 @@ def start(
     if facts.machine_wait and admitted is None:
         wait_for_pools(plan, facts.machine_wait)
         return
-    if facts.shape.multi_host and not status.node_pools:
+    if facts.shape.needs_pool and not status.node_pools:
         pools = admitted or allocate(facts, plan, world)
         if pools is None:
             return

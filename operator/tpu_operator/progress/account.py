@@ -52,6 +52,15 @@ class Account:
     track: JobTrack | None
     """The sampler's track of the current attempt (None: no samples)."""
     publish_interval: float = 30.0
+    desired_slices: int = 1
+    """The job's numSlices (an elastic job may run on fewer: ``status.activeSlices``)."""
+
+    def degraded(self) -> float:
+        """The share of the job's slices the current attempt runs without."""
+        active = self.status.active_slices
+        if active is None or self.desired_slices < 1 or active >= self.desired_slices:
+            return 0.0
+        return (self.desired_slices - active) / self.desired_slices
 
     def carried(self) -> dict[str, float]:
         goodput = self.status.goodput
@@ -69,6 +78,7 @@ class Account:
             waiting_since=waiting[0] if waiting else None,
             waiting_kind=waiting[1] if waiting else "other",
             running_since=self._running_since(),
+            degraded=self.degraded() if live else 0.0,
         )
 
     def _running_since(self) -> float | None:
@@ -99,8 +109,10 @@ class Account:
             return None
         return max(failed_at.timestamp(), self.carried().get(report.ATTEMPT_END, 0.0))
 
-    def close_attempt(self, total_workers: int) -> None:
-        """The attempt ended: its last progress into status, its seconds carried over."""
+    def close_attempt(self, total_workers: int, *, ended: bool = False) -> None:
+        """The attempt ended: its last progress into status, its seconds carried over.
+        ``ended``: it was ended on purpose now (no failure before): the restart downtime
+        that follows is booked from now on."""
         leader = self.track.leader() if self.track else None
         if self.track is not None and leader is not None:
             self.status.progress = report.progress(self.track, total_workers)
@@ -109,7 +121,11 @@ class Account:
             leader.latest if leader else None,
             closed_at=self.now.timestamp(),
             running_since=self._running_since(),
+            degraded=self.degraded(),
         )
+        if ended:
+            now = self.now.timestamp()
+            carried[report.ATTEMPT_END] = max(carried.get(report.ATTEMPT_END, 0.0), now)
         self.status.running_since = None
         self._set_goodput(carried, None, live=False)
 

@@ -12,7 +12,9 @@ downtime (from a failure until the next attempt's workers all ran), shutdown (fr
 of training, the worker's end time, until the attempt ended: final metrics served, the
 distributed runtime shut down, the process exited), suspended (from a suspension or a
 Kueue eviction until the job was resumed; the wait for the resumed attempt's workers is
-scheduling again) and other (the rest).
+scheduling again), degraded (the capacity an elastic job lacks while it trains on fewer
+slices than it asked for: its step time times the missing share of its slices; those
+seconds are taken out of productive time) and other (the rest).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ PHASES = {
 }
 SHUTDOWN = "shutdown"
 SUSPENDED = "suspended"
+DEGRADED = "degraded"
 ATTEMPT_END = "attemptEnd"
 CARRIED = (
     "step",
@@ -41,6 +44,7 @@ CARRIED = (
     "restartDowntime",
     SHUTDOWN,
     SUSPENDED,
+    DEGRADED,
 )
 EARLIEST_FIRST = (
     "initialization",
@@ -151,12 +155,16 @@ def carry_over(
     sample: WorkerSample | None,
     closed_at: float | None = None,
     running_since: float | None = None,
+    degraded: float = 0.0,
 ) -> dict[str, float]:
     """Totals after an attempt ends (at ``closed_at``): its seconds added to the carried
-    totals."""
+    totals. ``degraded``: the share of the job's slices the attempt ran without."""
     merged = dict(carried)
-    for key, value in attempt_totals(sample, running_since).items():
+    totals = attempt_totals(sample, running_since)
+    for key, value in totals.items():
         merged[key] = merged.get(key, 0.0) + value
+    if degraded and totals.get("step"):
+        merged[DEGRADED] = merged.get(DEGRADED, 0.0) + totals["step"] * degraded
     if sample is not None:
         # The attempt's seconds are counted up to this reading: the downtime that follows
         # it is booked from no earlier than here (a stall fails at its last step, before
@@ -196,18 +204,23 @@ def goodput(
     waiting_since: float | None,
     waiting_kind: str,
     running_since: float | None = None,
+    degraded: float = 0.0,
 ) -> Goodput:
     """The account at ``now``. ``waiting_since``: start of an ongoing scheduling wait or
-    restart downtime (``waiting_kind``), not yet carried."""
+    restart downtime (``waiting_kind``), not yet carried. ``degraded``: the share of the
+    job's slices the current attempt runs without."""
     totals = {k: v for k, v in carried.items() if k in CARRIED}
-    for key, value in attempt_totals(current, running_since).items():
+    current_totals = attempt_totals(current, running_since)
+    for key, value in current_totals.items():
         totals[key] = totals.get(key, 0.0) + value
+    if degraded and current_totals.get("step"):
+        totals[DEGRADED] = totals.get(DEGRADED, 0.0) + current_totals["step"] * degraded
     if tail := shutdown_seconds(current, now):
         totals[SHUTDOWN] = totals.get(SHUTDOWN, 0.0) + tail
     if waiting_since is not None:
         totals[waiting_kind] = totals.get(waiting_kind, 0.0) + max(now - waiting_since, 0.0)
     wall = max(now - created, 0.0)
-    lost = totals.get("lostProgress", 0.0)
+    lost = totals.get("lostProgress", 0.0) + totals.get(DEGRADED, 0.0)
     productive = max(totals.get("step", 0.0) - lost, 0.0)
     badput = {
         category: round(totals.get(category, 0.0), 1)
@@ -218,6 +231,7 @@ def goodput(
             "restartDowntime",
             SHUTDOWN,
             SUSPENDED,
+            DEGRADED,
         )
     }
     badput["other"] = round(max(wall - productive - sum(badput.values()), 0.0), 1)

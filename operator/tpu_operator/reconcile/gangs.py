@@ -41,7 +41,8 @@ from tpu_operator.state.gang import (
 )
 
 PartKey = tuple[int, int, bool, int, int, int]
-"""(attempt, hosts, slice created, pods' version, nodes' version, tombstones' version)"""
+"""(attempt, hosts (0: a dropped slice), slice created, pods' version, nodes' version,
+tombstones' version)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,15 +92,18 @@ class GangParts:
         created: frozenset[int],
         success_policy: SuccessPolicy,
         reports: Mapping[str, ProcessReport] | None = None,
+        dropped: frozenset[int] = frozenset(),
     ) -> JobGang | None:
         """The job's gang state for ``attempt``; None when it cannot be had by slices: a
         pod of the job is filed under none of its ``num_slices`` slices (the spec lost
         slices), or the pod cache keeps no versions (unit tests' plain indexes). The
-        caller then assesses every pod of the job at once."""
+        caller then assesses every pod of the job at once. ``dropped``: slices the
+        attempt runs without (elastic): they have no members, only stale pods."""
         kept = self._jobs.setdefault((namespace, job), {})
         for index in [i for i in kept if i >= num_slices]:
             del kept[index]
         nodes = caches.nodes_version
+        leader = min((i for i in range(num_slices) if i not in dropped), default=0)
         parts: list[SlicePart] = []
         pods_seen = recomputed = 0
         for index in range(num_slices):
@@ -110,7 +114,7 @@ class GangParts:
                 return None
             key: PartKey = (
                 attempt,
-                hosts,
+                0 if index in dropped else hosts,
                 index in created,
                 version,
                 nodes,
@@ -118,7 +122,9 @@ class GangParts:
             )
             part = kept.get(index)
             if part is None or part.key != key or reports:
-                part = _part(caches, key, namespace, job, name, index, success_policy, reports)
+                part = _part(
+                    caches, key, namespace, job, name, index, success_policy, reports, leader
+                )
                 recomputed += 1
                 if not reports:
                     kept[index] = part
@@ -144,6 +150,7 @@ def _part(
     index: int,
     success_policy: SuccessPolicy,
     reports: Mapping[str, ProcessReport] | None,
+    leader_slice: int = 0,
 ) -> SlicePart:
     attempt, hosts, created = key[0], key[1], key[2]
     pods = [p for p in caches.pods_of_slice(namespace, name) if p.job_name == job]
@@ -157,5 +164,6 @@ def _part(
         not_ready_nodes=caches.not_ready_nodes(nodes_of(pods, tombstones)),
         success_policy=success_policy,
         reports=reports,
+        leader_slice=leader_slice,
     )
     return SlicePart(key, state, len(pods), stopping_count(pods))

@@ -43,6 +43,7 @@ from tpu_operator.builders.wiring import Ports
 from tpu_operator.catalog import CatalogError, SliceShape, chips_per_host_choices
 from tpu_operator.placement.pools import Allocation, MachineChoice, PoolGone, Request
 from tpu_operator.policies import (
+    elastic,
     failure,
     fallback,
     lifetime,
@@ -348,6 +349,7 @@ class JobRun:
             phase.goes_on(
                 facts, plan, world, state, found.outcome, attempt, found.draining, found.backing_off
             )
+            elastic.grow(facts, plan, world, attempt)
 
     # observing
     async def _ask_supervisors(self) -> None:
@@ -383,10 +385,15 @@ class JobRun:
             num_slices=facts.spec.num_slices,
             hosts=facts.shape.hosts,
             created=self._created(attempt),
+            dropped=self._dropped(),
             success_policy=facts.spec.success_policy,
             reports=facts.reports,
         )
         return gang.state if gang is not None else None
+
+    def _dropped(self) -> frozenset[int]:
+        """Slices the attempt runs without (an elastic job's ``droppedSlices``)."""
+        return frozenset(d.index for d in self.plan.status.dropped_slices)
 
     def _created(self, attempt: int) -> frozenset[int]:
         """Slices that have created every pod of ``attempt`` once (a pod missing from
@@ -402,9 +409,11 @@ class JobRun:
         """The attempt assessed over every pod of the job at once (when ``_gang`` could
         not assess it by slices)."""
         facts = self.facts
+        dropped = self._dropped()
         members = [
             m
             for i in range(facts.spec.num_slices)
+            if i not in dropped
             for m in members_of(contract.slice_name(facts.name, i), i, facts.shape.hosts)
         ]
         tombstones: dict[str, Any] = {}
@@ -423,6 +432,9 @@ class JobRun:
             not_ready_nodes=self.ctx.caches.not_ready_nodes(nodes_of(facts.pods, tombstones)),
             success_policy=facts.spec.success_policy,
             reports=facts.reports,
+            leader_slice=min(
+                (i for i in range(facts.spec.num_slices) if i not in dropped), default=0
+            ),
         )
 
     def _count_pods(self) -> None:
@@ -593,6 +605,8 @@ class JobRun:
         in_place_from = attempt - 1 if restarting_in_place(plan.status) else None
         recreated = set(plan.status.recreated_slices or ())
         node_pools = plan.status.node_pools or []
+        dropped = self._dropped()
+        world = elastic.world_of(facts.spec.num_slices, dropped)
         job_spec = facts.raw_spec
         if job_spec.get("placement") is not None:
             placement = fallback.wire_placement(job_spec["placement"], plan.status)
@@ -613,11 +627,12 @@ class JobRun:
                 owner=self._owner(),
                 node_pool=node_pools[index] if index < len(node_pools) else None,
                 not_before=plan.status.restart_at,
-                suspend=False,
+                suspend=index in dropped,
                 extra_labels=self._extra_labels(),
                 in_place_from=None if index in recreated else in_place_from,
                 control_key_secret=secret,
                 control_key_id=key_id,
+                world=world,
             )
             current = facts.slices.get(index)
             if current is None:

@@ -41,6 +41,7 @@ from tpu_operator.builders.supervision import Supervision
 from tpu_operator.builders.wiring import PodWiring, Ports
 from tpu_operator.catalog import CatalogError, SliceShape
 from tpu_operator.decisions import book_restart, decide
+from tpu_operator.placement import dynamic
 from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import is_claim
 from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
@@ -84,6 +85,10 @@ BARRIER_RECHECK_SECONDS = 5.0
 """Safety net while pods of an older attempt drain: the slice is also woken by their
 deletion events."""
 FORBIDDEN_RETRY_SECONDS = 30.0
+DYNAMIC_SLICE_RECHECK_SECONDS = 2.0
+"""How often a slice waiting for its GKE Slice (not watched) looks at it again."""
+RELEASE_RETRY_SECONDS = 10.0
+SLICES_PATH = f"/apis/{contract.SLICE_API_VERSION}/{contract.SLICE_CRD_PLURAL}"
 """Retry after the apiserver refused the pods as forbidden (quota, admission policy):
 the cause is outside the operator and may be lifted at any time."""
 BUILD_ERRORS = (TypeError, AttributeError, ValueError, KeyError, IndexError, OverflowError)
@@ -131,7 +136,7 @@ class SliceReconciler:
             ctx.caches.tombstones.forget_slice(namespace, name)
             ctx.created_pods.forget(key)
             ctx.reservations.release(slice_holder(namespace, name))
-            return None
+            return await release_dynamic_slices(ctx, namespace, name)
         if body["metadata"].get("deletionTimestamp"):
             return None
         try:
@@ -152,6 +157,26 @@ class SliceReconciler:
             holder = slice_holder(namespace, name)
             shape = machine_for(ctx, holder, spec, shape, spec.placement, recorded).shape
         return await SliceRun(ctx, body, spec, shape).reconcile()
+
+
+async def release_dynamic_slices(ctx: Context, namespace: str, name: str) -> float | None:
+    """Delete the GKE Slices of a TPUSlice that is gone (they are cluster-scoped: no owner
+    reference collects them). Nothing to do, and nothing asked twice, where the Slice CRD
+    does not exist."""
+    if not ctx.caches.dynamic_slicing_seen:
+        return None
+    try:
+        listed = await ctx.kube.request(
+            "GET", SLICES_PATH, query={"labelSelector": dynamic.owner_selector(namespace, name)}
+        )
+        for item in (listed or {}).get("items", []):
+            await ctx.kube.delete(f"{SLICES_PATH}/{item['metadata']['name']}")
+    except ApiError as exc:
+        if exc.not_found:
+            return None
+        log.warning("cannot delete the GKE Slices of %s/%s: %s", namespace, name, exc)
+        return RELEASE_RETRY_SECONDS
+    return None
 
 
 class SliceRun:
@@ -226,7 +251,7 @@ class SliceRun:
 
         node_pool = spec.node_pool or status.node_pool
         waiting_for = ""
-        if not stopping and not node_pool and self.shape.multi_host and not self.managed:
+        if not stopping and not node_pool and self.shape.needs_pool and not self.managed:
             node_pool, waiting_for = self._allocate_pool()
         elif not self.managed and is_claim(node_pool) and not spec.node_pool:
             node_pool = self._resolve_claim(node_pool)
@@ -241,12 +266,20 @@ class SliceRun:
             and not blocked
             and not waiting_for
             and state.outcome in ("Creating",)
-            and (node_pool or not self.shape.multi_host or self.managed)
+            and (node_pool or not self.shape.needs_pool or self.managed)
         )
         create_error = ""
         to_create = self._not_awaited(state, pods, target)
+        gke_slice = None
+        if self.shape.dynamic is not None:
+            ctx.caches.dynamic_slicing_seen = True
+            forming = can_create and bool(to_create)
+            release = stopping or state.outcome == "Succeeded"
+            if forming or release:
+                gke_slice, waiting_for = await self._dynamic_slice(target, release, forming)
+                can_create = can_create and gke_slice is not None
         if can_create and to_create:
-            create_error = await self._create_pods(to_create, target, node_pool)
+            create_error = await self._create_pods(to_create, target, node_pool, gke_slice)
 
         new = self._status(
             state,
@@ -373,7 +406,69 @@ class SliceRun:
             self._after(expected.ttl)  # in case the cache never shows them
         return missing
 
-    async def _create_pods(self, members: list[Member], target: int, node_pool: str | None) -> str:
+    async def _dynamic_slice(
+        self, target: int, release: bool, forming: bool
+    ) -> tuple[str | None, str]:
+        """Ironwood dynamic slicing (``placement/dynamic.py``): the GKE Slice of attempt
+        ``target`` once Ready (its name), or what the pods wait for. Deletes this slice's
+        Slices of other attempts (all of them when ``release``); forms the attempt's Slice
+        of free healthy partitions when ``forming`` and it does not exist."""
+        kube = self.ctx.kube
+        name = dynamic.slice_name(self.namespace, self.name, target)
+        mine: dict[str, dict[str, Any]] = {}
+        try:
+            listed = await kube.request(
+                "GET",
+                SLICES_PATH,
+                query={"labelSelector": dynamic.owner_selector(self.namespace, self.name)},
+            )
+            mine = {item["metadata"]["name"]: item for item in (listed or {}).get("items", [])}
+            for other in mine:
+                if release or other != name:
+                    await kube.delete(f"{SLICES_PATH}/{other}")
+            if release or not forming:
+                return None, ""
+            current = mine.get(name)
+            if current is None:
+                everyone = await kube.request("GET", SLICES_PATH)
+                nodes = self.ctx.caches.tpu_nodes()
+                taken = dynamic.taken_partitions((everyone or {}).get("items", []))
+                choice = dynamic.choose(
+                    self.shape,
+                    dynamic.partitions(nodes, dynamic.level(self.shape)),
+                    dynamic.busy_nodes(nodes, taken),
+                )
+                self._after(DYNAMIC_SLICE_RECHECK_SECONDS)
+                if choice.ids is None:
+                    return None, f"waiting for capacity to form a dynamic slice: {choice.message}"
+                body = dynamic.slice_body(name, self.shape, choice.ids, self.namespace, self.name)
+                await kube.create(SLICES_PATH, body)
+                return None, (
+                    f"waiting for GKE's slice controller to form Slice {name} of "
+                    f"{', '.join(choice.ids)}"
+                )
+        except ApiError as exc:
+            self._after(DYNAMIC_SLICE_RECHECK_SECONDS)
+            return None, f"dynamic slicing: {exc.message or exc} (is the slice controller enabled?)"
+        found = dynamic.slice_state(current)
+        if found.ready:
+            return name, ""
+        self._after(DYNAMIC_SLICE_RECHECK_SECONDS)
+        if found.failed:
+            await kube.delete(f"{SLICES_PATH}/{name}")
+            return None, (
+                f"GKE could not form Slice {name} ({found.reason}: {found.message}); "
+                "forming it again"
+            )
+        return None, f"waiting for GKE's slice controller to form Slice {name} ({found.reason})"
+
+    async def _create_pods(
+        self,
+        members: list[Member],
+        target: int,
+        node_pool: str | None,
+        gke_slice: str | None = None,
+    ) -> str:
         spec = self.spec
         meta = self.body["metadata"]
         owner = Owner(contract.API_VERSION, contract.SLICE_KIND, self.name, meta["uid"])
@@ -386,6 +481,7 @@ class SliceRun:
             reservation=placement.reservation if placement else None,
             extra_selector=dict(placement.node_selector or {}) if placement else {},
             not_ready_timeout_seconds=failure_policy.node_not_ready_timeout_seconds,
+            dynamic_slice=gke_slice,
         )
         template = (self.body.get("spec") or {}).get("template") or {}
         job_name = self.job_name or self.name
@@ -409,6 +505,7 @@ class SliceRun:
                 attempt=target,
                 ports=ports,
                 slice_names=() if self.managed else (self.name,),
+                world=tuple(spec.world_slices or ()),
             )
             try:
                 pod = worker_pod(

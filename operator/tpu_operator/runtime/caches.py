@@ -39,6 +39,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
+from tpu_operator.placement.dynamic import cube_lost
 from tpu_operator.runtime.ownership import SliceOwners, slice_job_name
 from tpu_operator.state.views import NodeView, PodView
 
@@ -147,6 +148,9 @@ class Caches:
         self._workloads: Index | None = None
         self._node_snapshot: NodeSnapshot | None = None
         self.nodes_version = next(VERSIONS)
+        self.dynamic_slicing_seen = False
+        """A dynamically sliced TPUSlice was reconciled: a deleted TPUSlice may have GKE
+        Slices to delete (``reconcile/slices.release_dynamic_slices``)."""
         """Changes with every node event (``nodes_changed``)."""
 
     # Kueue Workloads (docs/tasks/kueue.md)
@@ -316,7 +320,9 @@ class Caches:
             }
             snapshot = NodeSnapshot(
                 by_name,
-                frozenset(n for n, v in by_name.items() if not v.ready),
+                # A node of a cube GKE marks unusable is lost to the slice on it
+                # (placement/dynamic.py).
+                frozenset(n for n, v in by_name.items() if not v.ready or cube_lost(v)),
                 {n: v.disruption_notice for n, v in by_name.items() if v.disruption_notice},
             )
             self._node_snapshot = snapshot

@@ -307,8 +307,12 @@ def assess(
     not_ready_nodes: frozenset[str] = frozenset(),
     success_policy: SuccessPolicy = "AllWorkers",
     reports: Mapping[str, ProcessReport] | None = None,
+    leader_slice: int = 0,
 ) -> GangState:
     """The state of ``attempt`` given the pods that exist now.
+
+    ``leader_slice``: the slice whose worker 0 is the leader (``LeaderWorker``): the
+    first slice the attempt runs on.
 
     ``created_slices`` are slices whose pods of this attempt were all seen created once: a
     member missing from them has vanished (a failure) rather than waiting to be created.
@@ -352,7 +356,7 @@ def assess(
             failures.append(failure)
         elif pod.outcome_phase == "Succeeded":
             count.succeeded += 1
-            if member.slice_index == 0 and member.worker_index == 0:
+            if member.slice_index == leader_slice and member.worker_index == 0:
                 leader_succeeded = True
         else:
             state.active.append(pod)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 from tpu_operator import contract
@@ -336,6 +336,9 @@ class NodeView:
     """``tpu-operator.dev/slice-pool``: set on the nodes of a pool GKE created for a slice."""
     disruption_notice: str | None = None
     """What GKE announces is about to disrupt the node (``maintenance_notice``), if any."""
+    partitions: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """Ironwood dynamic slicing: partition shape (4x4x4, 2x2x2, ...) -> (id, state), from
+    the ``cloud.google.com/gke-tpu-partition-<shape>-id`` and ``-state`` labels."""
 
 
 # GKE's notices of host events on TPU and GPU nodes ("Manage GKE node disruption for GPUs
@@ -390,4 +393,19 @@ def node_view(body: NodeDocument | Mapping[str, Any]) -> NodeView:
         machine_type=_shared(labels.get(INSTANCE_TYPE_LABEL)),
         slice_pool=_shared(labels.get(contract.NODE_LABEL_SLICE_POOL)),
         disruption_notice=maintenance_notice(labels, spec.taints or []),
+        partitions=partition_labels(labels),
     )
+
+
+NO_PARTITIONS: Mapping[str, tuple[str, str]] = {}
+
+
+def partition_labels(labels: Mapping[str, str]) -> Mapping[str, tuple[str, str]]:
+    """shape -> (partition id, state) from a node's partition labels."""
+    prefix = contract.PARTITION_LABEL_PREFIX
+    found: dict[str, tuple[str, str]] = {}
+    for key, value in labels.items():
+        if key.startswith(prefix) and key.endswith("-id"):
+            shape = key[len(prefix) : -len("-id")]
+            found[shape] = (_shared(value), labels.get(contract.partition_state_label(shape), ""))
+    return found or NO_PARTITIONS
