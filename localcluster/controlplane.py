@@ -100,6 +100,15 @@ def apiserver(binary: Path, layout: Layout, ports: Ports) -> list[str]:
         # no kube-proxy for ClusterIPs): Kueue's webhooks run on this machine
         # (localcluster/kueue.py).
         "--enable-aggregator-routing=true",
+        # The front proxy's identity towards aggregated APIs (Kueue's visibility API), as
+        # kubeadm sets it up (localcluster/pki.py).
+        f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+        f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
     ]
 
 

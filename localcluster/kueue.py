@@ -49,6 +49,11 @@ from localcluster.procs import reap, spawn
 NAMESPACE = "kueue-system"
 WEBHOOK_SERVICE = "kueue-webhook-service"
 WEBHOOK_SECRET = "kueue-webhook-server-cert"
+VISIBILITY_SERVICE = "kueue-visibility-server"
+VISIBILITY_APISERVICES = (
+    "v1beta1.visibility.kueue.x-k8s.io",
+    "v1beta2.visibility.kueue.x-k8s.io",
+)
 EXTERNAL_FRAMEWORKS = ("TPUJob.v1alpha1.tpu-operator.dev",)
 KUEUE_KINDS = frozenset({"workloads", "clusterqueues", "resourceflavors", "cohorts"})
 """Kueue webhooks that are kept: those of Kueue's own kinds."""
@@ -97,7 +102,9 @@ def select(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             kind == "Secret" and name == WEBHOOK_SECRET
         ):
             keep.append(doc)
-        elif kind == "Service" and name == WEBHOOK_SERVICE:
+        elif kind == "APIService":
+            keep.append(doc)  # the visibility API (insecureSkipTLSVerify in Kueue's own)
+        elif kind == "Service" and name in (WEBHOOK_SERVICE, VISIBILITY_SERVICE):
             doc = json.loads(json.dumps(doc))
             doc["spec"].pop("selector", None)
             keep.append(doc)
@@ -136,7 +143,9 @@ def host_address() -> str:
     return address
 
 
-def configuration(webhook_port: int, health_port: int, cert_dir: Path) -> dict[str, Any]:
+def configuration(
+    webhook_port: int, health_port: int, cert_dir: Path, visibility_port: int = 0
+) -> dict[str, Any]:
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -154,7 +163,8 @@ def configuration(webhook_port: int, health_port: int, cert_dir: Path) -> dict[s
             "frameworks": ["batch/job"],
             "externalFrameworks": list(EXTERNAL_FRAMEWORKS),
         },
-        "featureGates": {"VisibilityOnDemand": False},
+        "featureGates": {"VisibilityOnDemand": bool(visibility_port)},
+        **({"visibilityServer": {"bindPort": visibility_port}} if visibility_port else {}),
         "clientConnection": {"qps": 100, "burst": 200},
     }
 
@@ -193,7 +203,9 @@ class Kueue:
             )
         _apply(cluster, rest)
         webhook_port = _free_port()
+        visibility_port = _free_port()
         _endpoints(cluster, host_address(), webhook_port)
+        _endpoints(cluster, host_address(), visibility_port, VISIBILITY_SERVICE, "https")
         timings["install"] = time.monotonic() - mark
         mark = time.monotonic()
         work = Path(cluster.layout.root) / "kueue"
@@ -201,10 +213,19 @@ class Kueue:
         cert_dir.mkdir(parents=True, exist_ok=True)
         health_port = _free_port()
         config_path = work / "config.yaml"
-        config_path.write_text(yaml.safe_dump(configuration(webhook_port, health_port, cert_dir)))
+        config_path.write_text(
+            yaml.safe_dump(configuration(webhook_port, health_port, cert_dir, visibility_port))
+        )
         log_path = Path(cluster.logs_dir) / "kueue.log"
         process = spawn(
-            [str(binary), f"--config={config_path}", "--zap-log-level=2"],
+            # --kubeconfig: the visibility server's delegated authentication and
+            # authorization ask the apiserver through it (it is not in a pod).
+            [
+                str(binary),
+                f"--config={config_path}",
+                f"--kubeconfig={cluster.kubeconfig}",
+                "--zap-log-level=2",
+            ],
             log_file=log_path,
             env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
         )
@@ -286,8 +307,9 @@ class Kueue:
         self._wait_ready(timeout)
 
     def stop(self) -> None:
-        """Stop the manager and remove its webhook configurations (so nothing in the
-        cluster waits for a webhook that is gone); CRDs and objects stay."""
+        """Stop the manager and remove its webhook configurations and visibility
+        APIServices (so nothing in the cluster waits for a webhook or an API that is gone:
+        an unavailable aggregated API stalls namespace deletion); CRDs and objects stay."""
         self.stopping.set()
         if self.process.poll() is None:
             self.process.terminate()
@@ -304,6 +326,13 @@ class Kueue:
                 "--ignore-not-found",
                 check=False,
             )
+        self.cluster.kubectl(
+            "delete",
+            "apiservice",
+            *VISIBILITY_APISERVICES,
+            "--ignore-not-found",
+            check=False,
+        )
 
 
 def _apply(cluster: Any, docs: list[dict[str, Any]]) -> None:
@@ -321,22 +350,29 @@ def _apply(cluster: Any, docs: list[dict[str, Any]]) -> None:
     )
 
 
-def _endpoints(cluster: Any, address: str, port: int) -> None:
-    """The webhook Service's one endpoint: this machine, the manager's webhook port."""
+def _endpoints(
+    cluster: Any,
+    address: str,
+    port: int,
+    service: str = WEBHOOK_SERVICE,
+    port_name: str = "",
+) -> None:
+    """A Kueue Service's one endpoint: this machine, the manager's port (its webhook, or
+    its visibility server's)."""
     family = "IPv6" if ":" in address else "IPv4"
     slice_ = {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": {
-            "name": WEBHOOK_SERVICE,
+            "name": service,
             "namespace": NAMESPACE,
             "labels": {
-                "kubernetes.io/service-name": WEBHOOK_SERVICE,
+                "kubernetes.io/service-name": service,
                 "endpointslice.kubernetes.io/managed-by": "localcluster",
             },
         },
         "addressType": family,
-        "ports": [{"name": "", "port": port, "protocol": "TCP"}],
+        "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
         "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
     }
     _apply(cluster, [slice_])

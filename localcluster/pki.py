@@ -79,6 +79,7 @@ def generate(directory: Path) -> None:
     its identities (and kubeconfigs written earlier stay valid).
     """
     directory.mkdir(parents=True, exist_ok=True)
+    _front_proxy(directory)
     marker = directory / "sa.pub"
     if marker.exists():
         return
@@ -150,3 +151,38 @@ def generate(directory: Path) -> None:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
+
+
+FRONT_PROXY_CLIENT = "front-proxy-client"
+"""The apiserver's identity towards aggregated APIs (``--requestheader-allowed-names``)."""
+
+
+def _front_proxy(directory: Path) -> None:
+    """The front proxy's own CA and the apiserver's client certificate under it, with
+    which the apiserver proxies requests to aggregated APIs (Kueue's visibility API):
+    they trust the user it names in its headers because the certificate is signed by the
+    CA the apiserver publishes in ``kube-system/extension-apiserver-authentication``
+    (``--requestheader-client-ca-file``), as kubeadm sets it up. Written once."""
+    if (directory / "front-proxy-client.crt").exists():
+        return
+    ca_key = _key()
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localcluster-front-proxy-ca")])
+    ca_cert = (
+        _builder(ca_name, ca_name, ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_key(directory / "front-proxy-ca.key", ca_key)
+    _write_cert(directory / "front-proxy-ca.crt", ca_cert)
+    key = _key()
+    cert = (
+        _builder(
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, FRONT_PROXY_CLIENT)]),
+            ca_name,
+            key.public_key(),
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_key(directory / "front-proxy-client.key", key)
+    _write_cert(directory / "front-proxy-client.crt", cert)

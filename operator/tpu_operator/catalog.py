@@ -342,6 +342,13 @@ class SliceShape:
         return self.hosts > 1
 
     @property
+    def machine_type(self) -> str:
+        """The GKE machine type of the slice's VMs, e.g. ``ct6e-standard-4t``."""
+        return next(
+            m for m, chips in self.generation.machine_types.items() if chips == self.chips_per_host
+        )
+
+    @property
     def needs_pool(self) -> bool:
         """A node pool of its own: every multi-host slice except a dynamic one."""
         return self.multi_host and self.dynamic is None

@@ -90,6 +90,44 @@ def test_second_job_stays_queued_until_the_first_finishes(tpu, namespace, queue,
     tpu.wait_events(namespace, "second", "Queued", "Admitted")
 
 
+def test_queued_jobs_show_their_position_from_kueue_s_visibility_api(
+    tpu, namespace, queue, operator
+):
+    queue(chips=4)  # one v5litepod-4 slice (4 chips) at a time
+    tpu.apply(queued_job("first", namespace, {"type": "v5litepod-4"}, "sleep 300"))
+    tpu.wait_phase(namespace, "first", "Running", timeout=90)
+    tpu.apply(queued_job("second", namespace, {"type": "v5litepod-4"}, "sleep 300"))
+    wait_queue_state(tpu, namespace, "second", "Queued")
+    tpu.apply(queued_job("third", namespace, {"type": "v5litepod-4"}, "sleep 300"))
+
+    def position(name: str, wanted: int) -> dict[str, Any] | None:
+        status = tpu.status(namespace, name)
+        found = (status.get("queue") or {}).get("positionInLocalQueue")
+        return status if found == wanted else None
+
+    second = wait_until(
+        lambda: position("second", 0),
+        timeout=60,
+        message=lambda: f"second at position 0: {tpu.status(namespace, 'second').get('queue')}",
+    )
+    third = wait_until(
+        lambda: position("third", 1),
+        timeout=60,
+        message=lambda: f"third at position 1: {tpu.status(namespace, 'third').get('queue')}",
+    )
+    assert second["queue"]["positionInClusterQueue"] == 0
+    assert third["queue"]["positionInClusterQueue"] == 1
+    assert "queued in tpu at position 1 (ClusterQueue position 1; 0 is next)" in third["message"]
+    # the first job ends: the second is admitted, the third moves up
+    tpu.patch_job(namespace, "first", {"spec": {"suspend": True}})
+    tpu.wait_phase(namespace, "second", "Running", timeout=90)
+    wait_until(
+        lambda: position("third", 0),
+        timeout=60,
+        message=lambda: f"third at position 0: {tpu.status(namespace, 'third').get('queue')}",
+    )
+
+
 @pytest.fixture
 def priorities(cluster, namespace):
     names = {"low": f"low-{namespace}"[:60], "high": f"high-{namespace}"[:60]}

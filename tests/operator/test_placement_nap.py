@@ -254,12 +254,26 @@ def test_2x4_pools_of_8_chip_and_4_chip_vms(tpu: Api, ns: str):
         chips_per_vm=8,
         mode="simulate",
     )
-    agent.add_pool(four)
+    existing = {"provisioning": "ExistingPools"}
     try:
-        # only 4-chip 2x4 VMs: an unset chipsPerHost takes them (two hosts)
-        tpu.apply(job("e1", ns, {"type": "v6e-8"}))
+        # neither machine type, and GKE may not create one: e1 waits, naming both
+        tpu.apply(job("e1", ns, {"type": "v6e-8"}, placement=existing))
+        waiting = wait_until(
+            lambda: "either machine type" in (s := tpu.status(ns, "e1")).get("message", "") and s,
+            timeout=30,
+            message=lambda: f"e1 waiting: {tpu.status(ns, 'e1').get('message')}",
+        )
+        assert (
+            "ct6e-standard-8t (1 VM of 8 chips) or ct6e-standard-4t (2 VMs of 4 chips)"
+            in (waiting["message"])
+        )
+        assert waiting["phase"] == "Pending" and not waiting.get("attempt")
+        assert not tpu.pods(ns)
+        # only 4-chip 2x4 VMs appear: an unset chipsPerHost takes them (two hosts)
+        agent.add_pool(four)
         e1 = tpu.wait_phase(ns, "e1", "Running", timeout=60)
         assert (e1["shape"]["chipsPerHost"], e1["shape"]["hosts"]) == (4, 2)
+        assert e1["shape"]["machineType"] == "ct6e-standard-4t"
         assert e1["nodePools"] == [four.name]
         assigned = tpu.wait_events(ns, "e1", "NodePoolsAssigned")
         assert assigned
@@ -271,7 +285,6 @@ def test_2x4_pools_of_8_chip_and_4_chip_vms(tpu: Api, ns: str):
         agent.add_pool(eight)
         # chipsPerHost 4 never gets the 8-chip pool, even while the 4-chip one is busy
         # (ExistingPools, overriding the operator's Auto default: d waits for a pool)
-        existing = {"provisioning": "ExistingPools"}
         tpu.apply(job("d", ns, {"type": "v6e-8", "chipsPerHost": 4}, placement=existing))
         waiting = wait_until(
             lambda: "8-chip VMs" in (s := tpu.status(ns, "d")).get("message", "") and s,
@@ -284,6 +297,7 @@ def test_2x4_pools_of_8_chip_and_4_chip_vms(tpu: Api, ns: str):
         tpu.apply(job("e2", ns, {"type": "v6e-8"}))
         e2 = tpu.wait_phase(ns, "e2", "Running", timeout=60)
         assert (e2["shape"]["chipsPerHost"], e2["shape"]["hosts"]) == (8, 1)
+        assert e2["shape"]["machineType"] == "ct6e-standard-8t"
         assert pods_by_pool(tpu, ns, "e2") == {"e2-0": {eight.name}}
         # the 4-chip pool frees up: d gets it
         tpu.patch_job(ns, "e1", {"spec": {"suspend": True}})

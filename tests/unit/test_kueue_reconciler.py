@@ -16,6 +16,7 @@ import pytest
 from tests.unit.fakeapi import NS, FakeCluster
 from tpu_operator import contract, controllers
 from tpu_operator.builders.workload import POD_SET, WORKLOAD_PLURAL
+from tpu_operator.reconcile.queueing import POSITION_SECONDS, pending_positions
 
 pytestmark = pytest.mark.unit
 
@@ -140,6 +141,85 @@ def test_a_queued_job_creates_its_workload_and_no_pods_until_admitted():
     assert phase(cluster) == "Running"
     pods_ready = [c for c in cluster.workload()["status"]["conditions"] if c["type"] == "PodsReady"]
     assert pods_ready and pods_ready[0]["status"] == "True"
+
+
+VISIBILITY = (
+    "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/ml/localqueues/tpu/pendingworkloads"
+)
+
+
+def visibility_reads(cluster: FakeCluster) -> int:
+    return sum(1 for r in cluster.requests if r.verb == "GET" and r.path == VISIBILITY)
+
+
+def test_a_queued_job_shows_its_position_from_kueue_s_visibility_api():
+    cluster = KueueCluster()
+    cluster.objects[VISIBILITY] = {"kind": "PendingWorkloadsSummary", "items": []}
+    cluster.apply_job("j", job_spec(), labels=QUEUE)
+    cluster.settle()
+    cluster.pend()
+    name = cluster.workload()["metadata"]["name"]
+    cluster.objects[VISIBILITY]["items"] = [
+        {"metadata": {"name": "other"}, "positionInLocalQueue": 0, "positionInClusterQueue": 0},
+        {"metadata": {"name": name}, "positionInLocalQueue": 1, "positionInClusterQueue": 3},
+    ]
+    cluster.advance(POSITION_SECONDS)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["queue"]["positionInLocalQueue"], status["queue"]["positionInClusterQueue"]) == (
+        1,
+        3,
+    )
+    assert status["message"].startswith(
+        "queued in tpu at position 1 (ClusterQueue position 3; 0 is next): insufficient"
+    )
+    reads = visibility_reads(cluster)
+    assert reads >= 1
+    # one read per LocalQueue every POSITION_SECONDS, however often the job reconciles
+    cluster.reconcile_job("j")
+    assert visibility_reads(cluster) == reads
+    # the position moves: seen at the next read
+    cluster.objects[VISIBILITY]["items"] = cluster.objects[VISIBILITY]["items"][1:]
+    cluster.objects[VISIBILITY]["items"][0]["positionInLocalQueue"] = 0
+    cluster.advance(POSITION_SECONDS)
+    cluster.settle()
+    assert cluster.job("j")["status"]["queue"]["positionInLocalQueue"] == 0
+    # admitted: no position, no more reads
+    cluster.admit()
+    cluster.settle()
+    reads = visibility_reads(cluster)
+    assert "positionInLocalQueue" not in cluster.job("j")["status"]["queue"]
+    cluster.advance(POSITION_SECONDS)
+    cluster.settle()
+    assert visibility_reads(cluster) == reads
+
+
+def test_without_the_visibility_api_a_queued_job_shows_kueue_s_message_alone():
+    cluster = KueueCluster()
+    cluster.apply_job("j", job_spec(), labels=QUEUE)
+    cluster.settle()
+    cluster.pend()
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert "positionInLocalQueue" not in status["queue"]
+    assert status["message"].startswith("queued in tpu: insufficient")
+    reads = visibility_reads(cluster)
+    assert reads == 1
+    cluster.advance(POSITION_SECONDS)
+    cluster.settle()
+    assert visibility_reads(cluster) == reads  # not asked again for UNSERVED_SECONDS
+
+
+def test_pending_positions_read_kueue_s_summary():
+    summary = {
+        "items": [
+            {"metadata": {"name": "a"}, "positionInLocalQueue": 0, "positionInClusterQueue": 2},
+            {"metadata": {"name": "b"}, "positionInLocalQueue": 1},  # incomplete: left out
+            {"metadata": {}, "positionInLocalQueue": 1, "positionInClusterQueue": 1},
+        ]
+    }
+    assert pending_positions(summary) == {"a": (0, 2)}
+    assert pending_positions({}) == {}
 
 
 def test_a_job_without_the_queue_label_is_left_to_the_operator():

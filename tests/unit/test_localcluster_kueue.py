@@ -40,7 +40,12 @@ def test_only_kueues_own_webhooks_and_no_deployment_are_applied():
             "metadata": {"name": WEBHOOK_SERVICE},
             "spec": {"selector": {"a": "b"}, "ports": [{"port": 443}]},
         },
-        {"kind": "Service", "metadata": {"name": "kueue-visibility-server"}, "spec": {}},
+        {
+            "kind": "Service",
+            "metadata": {"name": "kueue-visibility-server"},
+            "spec": {"selector": {"a": "b"}, "ports": [{"name": "https", "port": 443}]},
+        },
+        {"kind": "APIService", "metadata": {"name": "v1beta2.visibility.kueue.x-k8s.io"}},
         webhook_config(
             "MutatingWebhookConfiguration", [["pods"], ["workloads"], ["jobs"], ["clusterqueues"]]
         ),
@@ -49,8 +54,10 @@ def test_only_kueues_own_webhooks_and_no_deployment_are_applied():
     kept = select(docs)
     kinds = [d["kind"] for d in kept]
     assert "Deployment" not in kinds
-    (service,) = [d for d in kept if d["kind"] == "Service"]
-    assert "selector" not in service["spec"]  # its endpoint is this machine
+    services = [d for d in kept if d["kind"] == "Service"]
+    assert [s["metadata"]["name"] for s in services] == [WEBHOOK_SERVICE, "kueue-visibility-server"]
+    assert all("selector" not in s["spec"] for s in services)  # their endpoint is this machine
+    assert "APIService" in kinds  # the visibility API, served by the manager
     mutating = next(d for d in kept if d["kind"] == "MutatingWebhookConfiguration")
     assert [w["name"] for w in mutating["webhooks"]] == ["w1", "w3"]
     assert docs[2]["spec"]["selector"] == {"a": "b"}  # the input is not changed

@@ -137,28 +137,59 @@ def test_claim_values_are_unique_valid_labels_and_never_pool_names():
 
 
 @pytest.mark.parametrize(
-    ("present", "free", "held", "expected"),
+    ("present", "free", "held", "provision", "expected"),
     [
-        ({}, {}, {}, 8),  # neither: the default (e.g. for GKE to provision)
-        ({"p4": 4}, {}, {}, 4),  # only 4-chip VMs
-        ({"p8": 8}, {}, {}, 8),
-        ({"p8": 8, "p4": 4}, {"p8": 1}, {}, 8),  # both free: the default
-        ({"p8": 8, "p4": 4}, {}, {}, 4),  # the 8-chip VM is busy, the 4-chip pool free
-        ({"p8": 8, "p4": 4}, {}, {"p4": "x"}, 8),  # none free: the default
+        ({}, {}, {}, True, 8),  # neither, GKE may create one: the default
+        ({"p4": 4}, {}, {}, False, 4),  # only 4-chip VMs
+        ({"p4": 4}, {}, {}, True, 4),  # ... even where GKE could create the default
+        ({"p8": 8}, {}, {}, False, 8),
+        ({"p8": 8, "p4": 4}, {"p8": 1}, {}, False, 8),  # both free: the default
+        ({"p8": 8, "p4": 4}, {}, {}, False, 4),  # the 8-chip VM is busy, the 4-chip pool free
+        ({"p8": 8, "p4": 4}, {}, {"p4": "x"}, False, 8),  # none free: the default
     ],
 )
-def test_the_machine_type_of_a_shape_that_fits_two(present, free, held, expected):
+def test_the_machine_type_of_a_shape_that_fits_two(present, free, held, provision, expected):
     pools = {n: v6e(n, 2 if c == 4 else 1, c) for n, c in present.items()}
-    shape, note = choose_machine([V6E_8_8, V6E_8_4], pools, held, free)
-    assert shape.chips_per_host == expected
-    assert bool(note) == bool(present)
+    choice = choose_machine([V6E_8_8, V6E_8_4], pools, held, free, provision=provision)
+    assert choice.shape.chips_per_host == expected
+    assert choice.note and not choice.waiting
+
+
+def test_with_neither_machine_type_a_job_that_may_not_provision_waits_naming_both():
+    choice = choose_machine([V6E_8_8, V6E_8_4], {}, {}, {})
+    assert not choice.note
+    assert choice.waiting == (
+        "waiting for a tpu-v6e-slice 2x4 node pool of either machine type, "
+        "ct6e-standard-8t (1 VM of 8 chips) or ct6e-standard-4t (2 VMs of 4 chips): the "
+        "cluster has neither (slice.chipsPerHost picks one; placement.provisioning: Auto "
+        "lets GKE create the default, ct6e-standard-8t)"
+    )
+    # pools of the other kind, or of the right shape but not spot, do not count
+    pools = {"p4": v6e("p4", 2, 4, spot=False)}
+    spot = choose_machine([V6E_8_8, V6E_8_4], pools, {}, {}, spot=True)
+    assert spot.waiting.startswith("waiting for a tpu-v6e-slice 2x4 spot node pool")
+    asked = choose_machine([V6E_8_8, V6E_8_4], pools, {}, {}, spot=True, provision=True)
+    assert not asked.waiting and asked.shape.chips_per_host == 8
+    assert asked.note.endswith(
+        "the cluster has no tpu-v6e-slice 2x4 spot pool of either machine type, "
+        "ct6e-standard-8t (1 VM of 8 chips) or ct6e-standard-4t (2 VMs of 4 chips); its "
+        "pods ask GKE for ct6e-standard-8t, the default"
+    )
+
+
+def test_v5e_2x4_names_its_own_machine_types():
+    options = [catalog.from_short_type("v5litepod-8", c) for c in (8, 4)]
+    assert [o.machine_type for o in options] == ["ct5lp-hightpu-8t", "ct5lp-hightpu-4t"]
+    assert "ct5lp-hightpu-8t (1 VM of 8 chips) or ct5lp-hightpu-4t" in (
+        choose_machine(options, {}, {}, {}).waiting
+    )
 
 
 def test_the_machine_type_honours_spot_and_reservation():
     pools = {"p8": v6e("p8", 1, 8, spot=True), "p4": v6e("p4", 2, 4)}
-    shape, note = choose_machine([V6E_8_8, V6E_8_4], pools, {}, {"p8": 1}, spot=False)
-    assert shape.chips_per_host == 4
-    assert "pools have 4-chip VMs" in note
+    choice = choose_machine([V6E_8_8, V6E_8_4], pools, {}, {"p8": 1}, spot=False)
+    assert choice.shape.chips_per_host == 4
+    assert "pools have 4-chip VMs" in choice.note
 
 
 def wiring(shape: catalog.SliceShape) -> PodWiring:

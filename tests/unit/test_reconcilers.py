@@ -661,6 +661,45 @@ def test_without_a_free_pool_slices_ask_gke_for_pools_of_their_own():
     assert "nap-a is held by TPUJob ml/j" in message and "nap-b is held by TPUJob ml/j" in message
 
 
+def test_pods_waiting_for_a_spot_pool_gke_does_not_create_start_again_on_demand():
+    cluster = FakeCluster()
+    placement = {
+        "provisioning": "Auto",
+        "spot": True,
+        "fallbacks": [{"afterSeconds": 300, "spot": False}],
+    }
+    cluster.apply_job("j", job_spec("v5p-16", placement=placement))
+    cluster.settle()
+    first = cluster.job("j")["status"]["nodePools"]
+    (old,) = first
+    pods = cluster.pods("j")
+    assert len(pods) == 2
+    assert all(p["spec"]["nodeSelector"][contract.NODE_LABEL_SPOT] == "true" for p in pods.values())
+    unschedulable(cluster, "j")
+    cluster.settle()
+    assert condition(cluster.job("j"), "PodsScheduled")["reason"] == "WaitingForNodePools"
+    cluster.advance(290)
+    cluster.settle()
+    assert cluster.job("j")["status"]["attempt"] == 1
+    cluster.advance(10)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert status["attempt"] == 2 and status["fallback"]["step"] == 1
+    assert status["restarts"] == 0 and not status.get("lastFailure")
+    (new,) = status["nodePools"]
+    assert new.startswith("auto:j-0-") and new != old  # a pool of its own for the new step
+    assert cluster.recorded.reasons("j").count("CapacityFallback") == 1
+    assert cluster.slice("j-0")["spec"]["placement"] == {"provisioning": "Auto", "spot": False}
+    assert cluster.confirm_deletions() == 2  # attempt 1's pods, before any of attempt 2
+    cluster.settle()
+    pods = cluster.pods("j")
+    assert len(pods) == 2
+    for pod in pods.values():
+        assert pod["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] == "2"
+        assert contract.NODE_LABEL_SPOT not in pod["spec"]["nodeSelector"]
+        assert pod["spec"]["nodeSelector"][SLICE_POOL] == new[5:]
+
+
 def test_a_restart_stays_on_the_pools_gke_created_and_tolerates_their_taint():
     cluster = FakeCluster()
     cluster.apply_job("j", job_spec("v5p-16", **auto(failurePolicy={"backoffSeconds": 0})))
@@ -732,6 +771,7 @@ def test_an_unset_chips_per_host_takes_the_machine_type_the_cluster_has():
     cluster.settle()
     status = cluster.job("j")["status"]
     assert (status["shape"]["chipsPerHost"], status["shape"]["hosts"]) == (4, 2)
+    assert status["shape"]["machineType"] == "ct6e-standard-4t"
     assert status["nodePools"] == ["p4"]
     assert cluster.slice("j-0")["spec"]["chipsPerHost"] == 4
     pods = cluster.pods("j").values()
@@ -745,6 +785,70 @@ def test_an_unset_chips_per_host_takes_the_machine_type_the_cluster_has():
     typed_pool(cluster, "p8", V6E_2X4, 1, 8)
     cluster.settle()
     assert cluster.job("j")["status"]["shape"]["chipsPerHost"] == 4
+
+
+def test_with_neither_machine_type_a_job_waits_and_takes_the_one_that_appears():
+    cluster = FakeCluster()
+    cluster.apply_job("j", job_spec("v6e-8"))
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert status["phase"] == "Pending" and not status.get("attempt")
+    assert (
+        "either machine type, ct6e-standard-8t (1 VM of 8 chips) or ct6e-standard-4t "
+        "(2 VMs of 4 chips): the cluster has neither" in status["message"]
+    )
+    (scheduled,) = [c for c in status["conditions"] if c["type"] == "PodsScheduled"]
+    assert (scheduled["status"], scheduled["reason"]) == ("False", "WaitingForNodePools")
+    assert not cluster.pods("j") and not any("/tpuslices/" in k for k in cluster.objects)
+    typed_pool(cluster, "p4", V6E_2X4, 2, 4)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert status["shape"]["machineType"] == "ct6e-standard-4t"
+    assert (status["attempt"], status["nodePools"]) == (1, ["p4"])
+    assert len(cluster.pods("j")) == 2
+
+
+def test_with_neither_machine_type_a_job_that_provisions_asks_gke_for_the_default():
+    cluster = FakeCluster()
+    cluster.apply_job("j", job_spec("v6e-8", placement={"provisioning": "Auto"}))
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert status["attempt"] == 1
+    assert (status["shape"]["machineType"], status["shape"]["hosts"]) == ("ct6e-standard-8t", 1)
+    (pod,) = cluster.pods("j").values()
+    worker = pod["spec"]["containers"][0]
+    assert worker["resources"]["limits"][contract.TPU_RESOURCE] == "8"
+
+
+def test_a_job_waiting_for_a_spot_pool_falls_back_to_on_demand_after_its_limit():
+    cluster = FakeCluster()
+    cluster.add_pool("od", *V5P, hosts=2)  # on-demand VMs only
+    placement = {"spot": True, "fallbacks": [{"afterSeconds": 600, "spot": False}]}
+    cluster.apply_job("j", job_spec("v5p-16", placement=placement))
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert status["phase"] == "Pending" and not status.get("nodePools")
+    assert "od is on-demand" in status["message"] and "fallback" not in status
+    cluster.advance(590)
+    cluster.settle()
+    assert not cluster.job("j")["status"].get("nodePools")
+    cluster.advance(10)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["nodePools"]) == (1, ["od"])
+    assert (status["fallback"]["step"], status["fallback"]["capacity"]) == (1, "on-demand")
+    (moved,) = [m for _, _, r, m in cluster.recorded.events if r == "CapacityFallback"]
+    assert moved.endswith("falling back to step 1 of placement.fallbacks: on-demand")
+    placed = cluster.slice("j-0")["spec"]["placement"]
+    assert placed == {"spot": False}
+    for pod in cluster.pods("j").values():
+        assert contract.NODE_LABEL_SPOT not in pod["spec"]["nodeSelector"]
+        terms = pod["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert {"key": contract.NODE_LABEL_SPOT, "operator": "NotIn", "values": ["true"]} in (
+            terms[0]["matchExpressions"]
+        )
 
 
 def test_with_both_machine_types_a_job_takes_the_free_one():

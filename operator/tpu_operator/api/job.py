@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from tpu_operator.api.capacity import FallbackStatus, JobPlacement
 from tpu_operator.api.common import ApiModel, Condition, Failure, cel, rules
 from tpu_operator.api.monitoring import Goodput, Monitoring, Progress
 from tpu_operator.api.policy import (
     MAX_SECONDS,
     FailurePolicy,
-    Placement,
     PortsSpec,
     SuccessPolicy,
 )
@@ -80,7 +80,7 @@ class TPUJobSpec(ApiModel):
     """Number of slices; more than one is a multislice job (Megascale over DCN)."""
     template: PodTemplate
     """Pod template of every worker; one container must be named "worker"."""
-    placement: Placement | None = None
+    placement: JobPlacement | None = None
     failure_policy: FailurePolicy | None = None
     success_policy: SuccessPolicy = "AllWorkers"
     """AllWorkers: the job succeeds when every worker exits 0. LeaderWorker: when worker 0
@@ -168,6 +168,10 @@ class QueueStatus(ApiModel):
     """Resource -> ResourceFlavor of the admission."""
     admissions: int = 0
     """How often the job was admitted (each admission runs a new attempt)."""
+    position_in_local_queue: int | None = None
+    position_in_cluster_queue: int | None = None
+    """Where a queued job stands (0: next), from Kueue's visibility API (pending
+    workloads); unset when that API is not served (Kueue's VisibilityOnDemand)."""
 
 
 class TPUJobStatus(ApiModel):
@@ -237,6 +241,8 @@ class TPUJobStatus(ApiModel):
     """When every worker of the current attempt was first running."""
     progress: Progress | None = None
     goodput: Goodput | None = None
+    fallback: FallbackStatus | None = None
+    """The capacity step the job is on (spec.placement.fallbacks), once it has fallen back."""
     queue: QueueStatus | None = None
     """Kueue admission (jobs labelled kueue.x-k8s.io/queue-name, operator run with
     --kueue)."""

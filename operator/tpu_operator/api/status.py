@@ -151,6 +151,9 @@ class Reason(StrEnum):
     WAIT_ENDED = "WaitEnded"
     """(Event.) The job waited for capacity (PodsScheduled False, or Queued by Kueue) and
     no longer does: how long, and what for."""
+    CAPACITY_FALLBACK = "CapacityFallback"
+    """(Event.) The job waited for a node pool longer than the next step of
+    spec.placement.fallbacks allows and now asks for that step's capacity."""
     RESTARTING = "Restarting"
     """An attempt ended and the gang restarts."""
     RUNNING = "Running"
@@ -256,6 +259,9 @@ class ResolvedShape(ApiModel):
     chips: int
     chips_per_host: int
     hosts: int
+    machine_type: str | None = None
+    """GKE machine type of its VMs, e.g. ct6e-standard-4t (for v5e and v6e 2x4, the one
+    the operator chose when slice.chipsPerHost is unset)."""
 
     @classmethod
     def of(cls, shape: SliceShape) -> ResolvedShape:
@@ -266,4 +272,5 @@ class ResolvedShape(ApiModel):
             chips=shape.chips,
             chips_per_host=shape.chips_per_host,
             hosts=shape.hosts,
+            machine_type=shape.machine_type,
         )

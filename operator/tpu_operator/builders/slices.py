@@ -86,13 +86,17 @@ def job_slice(
     }
 
 
-def slice_patch(desired: dict[str, Any], current: dict[str, Any]) -> dict[str, Any] | None:
+def slice_patch(
+    desired: dict[str, Any], current: dict[str, Any], *, placement: bool = False
+) -> dict[str, Any] | None:
     """Merge patch bringing an existing slice's job-managed fields to ``desired``.
 
     Only the fields the job manages at run time (attempt, backoff, suspension, node pool,
-    in-place restart) are compared; the shape and template of a running slice are not rewritten.
+    in-place restart; the placement too when ``placement``: a job that fell back to
+    another capacity step) are compared; the shape and template of a running slice are not
+    rewritten.
     """
-    fields = (
+    fields: tuple[str, ...] = (
         "attempt",
         "notBefore",
         "suspend",
@@ -104,5 +108,11 @@ def slice_patch(desired: dict[str, Any], current: dict[str, Any]) -> dict[str, A
     )
     want = desired["spec"]
     have = current.get("spec") or {}
+    if placement:
+        fields += ("placement",)
     changes = {k: want.get(k) for k in fields if want.get(k) != have.get(k)}
+    if "placement" in changes and changes["placement"] is not None:
+        # a merge patch: the keys the step drops are set to null
+        dropped = {k: None for k in have.get("placement") or {} if k not in changes["placement"]}
+        changes["placement"] = {**dropped, **changes["placement"]}
     return {"spec": changes} if changes else None

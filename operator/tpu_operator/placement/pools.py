@@ -307,6 +307,24 @@ def resolve_claim(
     return None, "GKE has not created its node pool yet"
 
 
+@dataclass(frozen=True)
+class MachineChoice:
+    """The machine type chosen for a shape that fits two, and what to say about it."""
+
+    shape: SliceShape
+    note: str = ""
+    """Why this machine type, for the status and events (empty: nothing was chosen)."""
+    waiting: str = ""
+    """Set when the cluster has neither machine type and the job may not ask GKE for
+    one: the job waits, and this message names both machine types."""
+
+
+def machine_words(shape: SliceShape) -> str:
+    """``ct6e-standard-4t (2 VMs of 4 chips)``: a machine type and how the slice uses it."""
+    vms = "1 VM" if shape.hosts == 1 else f"{shape.hosts} VMs"
+    return f"{shape.machine_type} ({vms} of {shape.chips_per_host} chips)"
+
+
 def choose_machine(
     options: list[SliceShape],
     pools: Mapping[str, PoolView],
@@ -315,11 +333,13 @@ def choose_machine(
     *,
     spot: bool | None = None,
     reservation: str | None = None,
-) -> tuple[SliceShape, str]:
+    provision: bool = False,
+) -> MachineChoice:
     """The machine type for a shape that fits two (v5e/v6e 2x4: one 8-chip VM or two 4-chip
     VMs) when the user did not say: the one the cluster has; with both, the one that can
-    start now (a free pool, a free VM), the default first. Returns the shape and a note
-    saying why (empty when the cluster has neither: the default, e.g. for provisioning).
+    start now (a free pool, a free VM), the default first. With neither, the default when
+    the job may ask GKE for a pool (``provision``: node auto-provisioning creates the
+    machine type its pods ask for), else the job waits for a pool of either type.
 
     ``options`` are the shapes in the catalog's order (default first); ``free_vms`` maps
     pool name -> its ready VMs without an unfinished worker pod (single-host use).
@@ -335,18 +355,35 @@ def choose_machine(
 
     kinds = {o.chips_per_host: [p for p in pools.values() if usable(p, o)] for o in options}
     present = [o for o in options if kinds[o.chips_per_host]]
+    head = options[0]
     if not present:
-        return options[0], ""
+        both = " or ".join(machine_words(o) for o in options)
+        where = f"{head.accelerator} {head.topology}" + (
+            " spot" if spot else " on-demand" if spot is False else ""
+        )
+        where += f" in reservation {reservation}" if reservation else ""
+        if provision:
+            why = (
+                f"the cluster has no {where} pool of either machine type, {both}; "
+                f"its pods ask GKE for {head.machine_type}, the default"
+            )
+            return MachineChoice(head, f"{shape_words(head)}: {why}")
+        waiting = (
+            f"waiting for a {where} node pool of either machine type, {both}: the cluster "
+            f"has neither (slice.chipsPerHost picks one; placement.provisioning: Auto lets "
+            f"GKE create the default, {head.machine_type})"
+        )
+        return MachineChoice(head, waiting=waiting)
 
     def words(option: SliceShape) -> str:
         machines = sorted({p.machine_type for p in kinds[option.chips_per_host] if p.machine_type})
         named = f" ({', '.join(machines)})" if machines else ""
         return f"{option.chips_per_host}-chip VMs{named}"
 
-    head = present[0]
     if len(present) == 1:
-        why = f"the cluster's {head.accelerator} {head.topology} pools have {words(head)}"
-        return head, f"{shape_words(head)}: {why}"
+        only = present[0]
+        why = f"the cluster's {only.accelerator} {only.topology} pools have {words(only)}"
+        return MachineChoice(only, f"{shape_words(only)}: {why}")
     for option in present:
         if option.multi_host:
             free = allocate([Request(option, spot, reservation)], pools, held).pools is not None
@@ -354,9 +391,9 @@ def choose_machine(
             free = any(free_vms.get(p.name, 0) > 0 for p in kinds[option.chips_per_host])
         if free:
             why = f"the cluster has both machine types and {words(option)} are free now"
-            return option, f"{shape_words(option)}: {why}"
+            return MachineChoice(option, f"{shape_words(option)}: {why}")
     why = f"the cluster has both machine types, neither free now; taking {words(head)}"
-    return head, f"{shape_words(head)}: {why}"
+    return MachineChoice(head, f"{shape_words(head)}: {why}")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from tpu_operator.api.status import ConditionType, Phase, Reason, RestartKind
 from tpu_operator.decisions import Decision, book_restart
 from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import is_claim
+from tpu_operator.policies import fallback
 from tpu_operator.policies import pools as pool_moves
 from tpu_operator.policies.plan import JobFacts, Plan, World
 from tpu_operator.timestamps import parse
@@ -166,7 +167,7 @@ def grow(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
     if not status.dropped_slices or status.phase != Phase.RUNNING:
         return
     refs = list(status.node_pools or [])
-    placement = facts.spec.placement
+    placement = fallback.placement_of(facts, status)
     _, other = pools_back(status.dropped_slices, refs, world.unhealthy_pools(refs))
     pools = refs
     if other:

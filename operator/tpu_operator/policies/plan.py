@@ -151,6 +151,9 @@ class JobFacts:
     """Why the workers, which could run the supervisor, do not."""
     machine_note: str = ""
     """Why this machine type, when the operator chose it (a shape that fits two)."""
+    machine_wait: str = ""
+    """The cluster has neither machine type of a shape that fits two and the job may not
+    ask GKE for one: what the job waits for (it starts no attempt until one is there)."""
     reports: Mapping[str, ProcessReport] = field(default_factory=dict)
     """Supervisors' reports on stopped training processes, by pod name."""
 

@@ -17,6 +17,7 @@ from dataclasses import replace
 from tpu_operator.api.status import Reason
 from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import claim_ref, is_claim
+from tpu_operator.policies import fallback
 from tpu_operator.policies.plan import JobFacts, Plan, World
 
 
@@ -84,7 +85,7 @@ def move_from_unhealthy(
     for index, why in (worn or {}).items():
         if index in wanted and index < len(refs) and not is_claim(refs[index]):
             broken.setdefault(index, why)
-    placement = facts.spec.placement
+    placement = fallback.placement_of(facts, plan.status)
     if not broken or (placement is not None and placement.node_pools):
         return broken
     requests = [

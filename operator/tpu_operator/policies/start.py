@@ -13,6 +13,7 @@ from tpu_operator.api.conditions import stamp
 from tpu_operator.api.status import ConditionType, Phase, Reason
 from tpu_operator.placement.pools import requests_for, shape_words
 from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_of, is_claim
+from tpu_operator.policies import fallback
 from tpu_operator.policies.plan import Act, JobFacts, Plan, World
 
 POOL_RETRY_SECONDS = 15.0
@@ -42,6 +43,9 @@ def start(
     resuming = plan.condition_is(ConditionType.SUSPENDED, True)
     plan.account.resume()  # a suspended or evicted job: its wait is scheduling again
     creating = ""
+    if facts.machine_wait and admitted is None:
+        wait_for_pools(plan, facts.machine_wait)
+        return
     if facts.shape.needs_pool and not status.node_pools:
         pools = admitted or allocate(facts, plan, world)
         if pools is None:
@@ -75,26 +79,41 @@ def start(
     plan.act = Act.RUN
 
 
+def replace(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
+    """Start again on the capacity of the fallback step the job just moved to: the pods of
+    ``attempt``, which never all ran, wait for capacity of the step before. Its pools are
+    chosen anew (or asked of GKE) and the next attempt's pods ask for the new step's
+    capacity; until pools are found, the slices are stopped (their pods deleted)."""
+    plan.account.close_attempt(facts.total_workers)
+    plan.status.node_pools = None
+    plan.status.in_place_since = None  # the next attempt's pods are new ones
+    start(facts, plan, world, attempt, None)
+    if plan.status.attempt == attempt:
+        plan.act = Act.STOP  # waiting for pools: the old attempt's pods go meanwhile
+
+
 def allocate(facts: JobFacts, plan: Plan, world: World) -> list[str] | None:
     """Pools for every slice, or None and the job waits (saying why)."""
     count = facts.spec.num_slices
-    requests = requests_for(facts.shape, facts.spec.placement, count, world.claims(count))
+    placement = fallback.placement_of(facts, plan.status)
+    claims = world.claims(count, renewal=fallback.renewal(plan.status))
+    requests = requests_for(facts.shape, placement, count, claims)
     allocation = world.allocate(requests)
     if allocation.pools is not None:
         return allocation.pools
-    status = plan.status
-    if status.message != allocation.message:
-        plan.event("Normal", Reason.WAITING_FOR_NODE_POOLS, allocation.message)
-    status.phase = Phase.PENDING
-    status.message = allocation.message
-    plan.condition(
-        ConditionType.PODS_SCHEDULED,
-        False,
-        Reason.WAITING_FOR_NODE_POOLS,
-        allocation.message,
-    )
-    plan.after(POOL_RETRY_SECONDS)
+    wait_for_pools(plan, allocation.message)
     return None
+
+
+def wait_for_pools(plan: Plan, message: str) -> None:
+    """The job starts no attempt yet: it waits for node pools (``message`` says which)."""
+    status = plan.status
+    if status.message != message:
+        plan.event("Normal", Reason.WAITING_FOR_NODE_POOLS, message)
+    status.phase = Phase.PENDING
+    status.message = message
+    plan.condition(ConditionType.PODS_SCHEDULED, False, Reason.WAITING_FOR_NODE_POOLS, message)
+    plan.after(POOL_RETRY_SECONDS)
 
 
 def assigned(facts: JobFacts, plan: Plan, pools: list[str]) -> None:

@@ -118,6 +118,9 @@ class Context:
     resource_flavors: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Kueue ResourceFlavor name -> its spec, read when a job using it is admitted
     (reconcile/queueing.py)."""
+    queue_positions: dict[tuple[str, str], Any] = field(default_factory=dict)
+    """Kueue LocalQueue (namespace, name) -> its pending workloads' positions, as last
+    read from Kueue's visibility API (reconcile/queueing.QueuePositions)."""
 
     async def ensure_service(self, namespace: str, body: dict[str, Any]) -> None:
         """Create the headless Service ``body`` unless it exists. One that exists but is

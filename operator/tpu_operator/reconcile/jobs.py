@@ -41,10 +41,11 @@ from tpu_operator.builders.supervision import (
 )
 from tpu_operator.builders.wiring import Ports
 from tpu_operator.catalog import CatalogError, SliceShape, chips_per_host_choices
-from tpu_operator.placement.pools import Allocation, PoolGone, Request
+from tpu_operator.placement.pools import Allocation, MachineChoice, PoolGone, Request
 from tpu_operator.policies import (
     elastic,
     failure,
+    fallback,
     lifetime,
     patience,
     phase,
@@ -132,8 +133,10 @@ class JobReconciler:
         # The machine type of a shape that fits two is decided once, for the first attempt.
         recorded = status.get("shape") if status.get("attempt") else None
         holder = job_holder(namespace, name)
-        shape, note = machine_for(self.ctx, holder, spec.slice, shape, spec.placement, recorded)
-        return await JobRun(self.ctx, body, spec, shape, note, self.gangs).reconcile()
+        step = (status.get("fallback") or {}).get("step", 0)
+        placement = spec.placement.step(step) if spec.placement is not None else None
+        choice = machine_for(self.ctx, holder, spec.slice, shape, placement, recorded)
+        return await JobRun(self.ctx, body, spec, choice, self.gangs).reconcile()
 
 
 class CachedWorld:
@@ -206,16 +209,16 @@ class JobRun:
         ctx: Context,
         body: dict[str, Any],
         spec: TPUJobSpec,
-        shape: SliceShape,
-        machine_note: str = "",
+        choice: MachineChoice,
         gangs: GangParts | None = None,
     ) -> None:
+        shape = choice.shape
         self.ctx = ctx
         self.body = body
         self.gangs = gangs if gangs is not None else GangParts()
         self.gang: JobGang | None = None
         """The attempt assessed slice by slice (None: every pod is walked instead)."""
-        self.facts = self._observe(body, spec, shape, machine_note)
+        self.facts = self._observe(body, spec, choice)
         sampler = ctx.progress
         self.plan = Plan.of(
             self.facts,
@@ -224,10 +227,9 @@ class JobRun:
         self.world = CachedWorld(ctx, body, spec, shape)
         self.admission: Admission = admission_of(ctx, body, shape, spec.num_slices)
 
-    def _observe(
-        self, body: dict[str, Any], spec: TPUJobSpec, shape: SliceShape, machine_note: str
-    ) -> JobFacts:
+    def _observe(self, body: dict[str, Any], spec: TPUJobSpec, choice: MachineChoice) -> JobFacts:
         """What the job shows in the caches."""
+        shape = choice.shape
         ctx = self.ctx
         meta = body["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -272,7 +274,8 @@ class JobRun:
             track=track,
             supervised=runs and refused is None,
             supervision_refused=refused,
-            machine_note=machine_note,
+            machine_note=choice.note,
+            machine_wait=choice.waiting,
         )
 
     # the reconcile
@@ -310,6 +313,7 @@ class JobRun:
         elif self.admission.holds(facts, plan):
             pass  # not admitted (or evicted): no pods, as when suspended
         elif start.should_start(facts, plan, attempt):
+            fallback.check(facts, plan)
             start.start(facts, plan, world, attempt, self.admission.pools())
         elif refusal is not None and refusal.invalid:
             message = (
@@ -317,6 +321,8 @@ class JobRun:
                 "(the job cannot run with it)"
             )
             failure.fail(facts, plan, Reason.INVALID_SPEC, message, None)
+        elif fallback.check(facts, plan):
+            start.replace(facts, plan, world, attempt)
         else:
             plan.act = Act.RUN
             self._run_attempt(attempt, state or self._assess_all(attempt))
@@ -602,6 +608,9 @@ class JobRun:
         dropped = self._dropped()
         world = elastic.world_of(facts.spec.num_slices, dropped)
         job_spec = facts.raw_spec
+        if job_spec.get("placement") is not None:
+            placement = fallback.wire_placement(job_spec["placement"], plan.status)
+            job_spec = {**job_spec, "placement": placement}
         if plan.template is not None:
             job_spec = {**job_spec, "template": plan.template}
         # All slices at once, not one after the other: each slice's pods are created as
@@ -629,7 +638,7 @@ class JobRun:
             if current is None:
                 writes.append(self.ctx.kube.create(_slices_path(facts.namespace), desired))
                 continue
-            patch = slice_patch(desired, current)
+            patch = slice_patch(desired, current, placement=plan.status.fallback is not None)
             if patch:
                 path = _slices_path(facts.namespace, desired["metadata"]["name"])
                 writes.append(self.ctx.kube.merge_patch(path, patch))

@@ -42,6 +42,7 @@ from tpu_operator.api.status import TERMINAL_PHASES, Phase
 from tpu_operator.catalog import SliceShape
 from tpu_operator.placement.pools import (
     Allocation,
+    MachineChoice,
     PoolGone,
     PoolView,
     Request,
@@ -279,27 +280,37 @@ def machine_for(
     shape: SliceShape,
     placement: Placement | None,
     recorded: dict[str, Any] | None,
-) -> tuple[SliceShape, str]:
+) -> MachineChoice:
     """The shape to run: ``shape`` unless the user left chipsPerHost unset for a topology
     that fits two machine types, then the machine type the cluster has (once decided and
     recorded in ``status.shape`` — ``recorded`` — the decision stays). Returns the shape
-    and a note for the status and events (empty when nothing was decided now)."""
+    and a note for the status and events (empty when nothing was decided now), or what
+    the job waits for when the cluster has neither machine type."""
     generation = shape.generation
     choices = catalog.chips_per_host_choices(generation, shape.topology)
     if fields.chips_per_host is not None or len(choices) < 2:
-        return shape, ""
+        return MachineChoice(shape)
     if recorded and recorded.get("chipsPerHost") in choices:
-        return catalog.shape(shape.accelerator, shape.topology, recorded["chipsPerHost"]), ""
+        return MachineChoice(
+            catalog.shape(shape.accelerator, shape.topology, recorded["chipsPerHost"])
+        )
     options = [catalog.shape(shape.accelerator, shape.topology, c) for c in choices]
     pools = tpu_pools(ctx)
-    return choose_machine(
+    choice = choose_machine(
         options,
         pools,
         held_pools(ctx, exclude=holder, pools=pools),
         free_vms(ctx, pools),
         spot=placement.spot if placement else None,
         reservation=placement.reservation if placement else None,
+        provision=provisions(
+            placement.provisioning if placement else None, ctx.default_provisioning
+        ),
     )
+    if choice.waiting and placement and placement.node_pools:
+        # pinned pools without nodes yet: the autoscaler scales them up for the pods
+        return MachineChoice(choice.shape)
+    return choice
 
 
 def vanished(

@@ -31,6 +31,7 @@ that finishes before the others.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,14 @@ from tpu_operator.reconcile.context import Context, job_ref
 from tpu_operator.runtime.kube import ApiError, namespaced
 
 log = logging.getLogger(__name__)
+VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
+VISIBILITY_VERSION = "v1beta2"
+POSITION_SECONDS = 10.0
+"""A LocalQueue's pending workloads are read at most this often (one GET for all of its
+queued jobs), and a queued job looks again this often."""
+UNSERVED_SECONDS = 300.0
+"""After the visibility API did not answer (not served: Kueue's VisibilityOnDemand off;
+or forbidden), it is not asked again for this long."""
 SUSPEND_ANNOTATION = "tpu-operator.dev/deactivated-for-suspend"
 """On a Workload the operator deactivated because its job is suspended."""
 
@@ -83,6 +92,82 @@ def workload_path(namespace: str, name: str | None = None, subresource: str | No
         version=KUEUE_VERSION,
         subresource=subresource,
     )
+
+
+def pending_positions(summary: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Workload name -> (position in its LocalQueue, in its ClusterQueue), from Kueue's
+    ``PendingWorkloadsSummary``."""
+    positions: dict[str, tuple[int, int]] = {}
+    for item in summary.get("items") or []:
+        name = (item.get("metadata") or {}).get("name")
+        local, cluster = item.get("positionInLocalQueue"), item.get("positionInClusterQueue")
+        if name and isinstance(local, int) and isinstance(cluster, int):
+            positions[str(name)] = (local, cluster)
+    return positions
+
+
+@dataclass
+class QueuePositions:
+    """One LocalQueue's pending workloads, as last read (or why not)."""
+
+    read_at: float
+    positions: dict[str, tuple[int, int]]
+    unserved: bool = False
+    pending: asyncio.Future[None] | None = None
+
+
+async def queue_position(
+    ctx: Context, namespace: str, local_queue: str, workload: str
+) -> tuple[int, int] | None:
+    """A pending Workload's (LocalQueue, ClusterQueue) position from Kueue's visibility
+    API, read once per LocalQueue every ``POSITION_SECONDS`` for all its jobs; None when
+    the API does not answer or the Workload is not pending."""
+    key = (namespace, local_queue)
+    now = ctx.clock().timestamp()
+    entry: QueuePositions | None = ctx.queue_positions.get(key)
+    if entry is not None and entry.pending is not None:
+        await asyncio.shield(entry.pending)
+        entry = ctx.queue_positions.get(key)
+    elif entry is None or now - entry.read_at >= (
+        UNSERVED_SECONDS if entry.unserved else POSITION_SECONDS
+    ):
+        pending = asyncio.get_running_loop().create_future()
+        if entry is not None:
+            entry.pending = pending
+        else:
+            ctx.queue_positions[key] = QueuePositions(0.0, {}, pending=pending)
+        try:
+            entry = await _read_positions(ctx, namespace, local_queue)
+            ctx.queue_positions[key] = entry
+        finally:
+            pending.set_result(None)
+    if entry is None or entry.unserved:
+        return None
+    return entry.positions.get(workload)
+
+
+async def _read_positions(ctx: Context, namespace: str, local_queue: str) -> QueuePositions:
+    path = (
+        f"/apis/{VISIBILITY_GROUP}/{VISIBILITY_VERSION}/namespaces/{namespace}/localqueues/"
+        f"{local_queue}/pendingworkloads"
+    )
+    try:
+        summary = await ctx.kube.get(path)
+    except ApiError as exc:
+        if exc.status == 429 or (exc.status >= 500 and exc.status != 503):
+            raise
+        log.info(
+            "Kueue's visibility API does not answer for LocalQueue %s/%s (%s): queue "
+            "positions are not shown; asking again in %.0f s",
+            namespace,
+            local_queue,
+            exc.message,
+            UNSERVED_SECONDS,
+        )
+        return QueuePositions(ctx.clock().timestamp(), {}, unserved=True)
+    if summary is None:  # the API is not served here at all
+        return QueuePositions(ctx.clock().timestamp(), {}, unserved=True)
+    return QueuePositions(ctx.clock().timestamp(), pending_positions(summary))
 
 
 @dataclass
@@ -318,9 +403,18 @@ class KueueAdmission:
 
     def __init__(self, queueing: Queueing) -> None:
         self.queueing = queueing
+        self.position: tuple[int, int] | None = None
+        """(LocalQueue, ClusterQueue) position of the queued job (``observe``)."""
 
     async def observe(self) -> None:
-        await self.queueing.load_flavors()  # a new admission's ResourceFlavors
+        queueing = self.queueing
+        await queueing.load_flavors()  # a new admission's ResourceFlavors
+        self.position = None
+        local_queue = queue_name(queueing.body["metadata"])
+        if queueing.state.state == "Queued" and queueing.workload_name and local_queue:
+            self.position = await queue_position(
+                queueing.ctx, queueing.namespace, local_queue, queueing.workload_name
+            )
 
     def pools(self) -> list[str] | None:
         """Node pool per slice from Kueue's topology assignment, if it made one."""
@@ -346,6 +440,8 @@ class KueueAdmission:
             message=state.message,
             flavors=(assignment.flavors or None) if assignment else previous.flavors,
             admissions=previous.admissions + int(state.admitted and previous.state != "Admitted"),
+            position_in_local_queue=self.position[0] if self.position else None,
+            position_in_cluster_queue=self.position[1] if self.position else None,
         )
         if state.admitted and state.conflict and previous.state != "Admitted":
             # Judged when an admission starts the job, as Kueue does (a running job keeps
@@ -388,7 +484,13 @@ class KueueAdmission:
             plan.condition(ConditionType.EVICTED, True, state.reason, state.message)
             status.message = f"evicted by Kueue ({state.reason})"
         else:
-            status.message = f"queued in {status.queue.local_queue}: {state.message}"
+            where = status.queue.local_queue
+            if self.position is not None:
+                local, cluster = self.position
+                where += f" at position {local} (ClusterQueue position {cluster}; 0 is next)"
+            status.message = f"queued in {where}: {state.message}"
+            if state.state == "Queued" and queueing.workload_name:
+                plan.after(POSITION_SECONDS)  # the position moves as others are admitted
         if stopping:
             status.message += f"; {stopping} pods still stopping"
         plan.condition(ConditionType.QUEUED, True, state.reason, state.message)

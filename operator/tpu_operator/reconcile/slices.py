@@ -155,7 +155,7 @@ class SliceReconciler:
             # A standalone slice decides the machine type of a shape that fits two once.
             recorded = (body.get("status") or {}).get("shape")
             holder = slice_holder(namespace, name)
-            shape, _ = machine_for(ctx, holder, spec, shape, spec.placement, recorded)
+            shape = machine_for(ctx, holder, spec, shape, spec.placement, recorded).shape
         return await SliceRun(ctx, body, spec, shape).reconcile()
 
 

@@ -1,0 +1,97 @@
+"""Capacity fallbacks of a TPUJob: the placements it falls back to after waiting for one.
+
+``spec.placement`` is the first choice (its ``spot`` and ``reservation``); each entry of
+``spec.placement.fallbacks`` is the next, taken once the job has waited ``afterSeconds``
+for capacity on the one before (``policies/fallback.py``). A step is a placement: a
+further kind of capacity (flex-start, queued provisioning) is one more field of
+``CapacityStep`` and of ``Placement``. ``status.fallback`` says
+which step the job is on and since when.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from tpu_operator.api.common import ApiModel, cel, rules
+from tpu_operator.api.policy import MAX_SECONDS, LabelValue, Placement
+
+MAX_FALLBACKS = 8
+
+
+class CapacityStep(ApiModel):
+    """A placement to fall back to: its spot and reservation replace the ones before."""
+
+    after_seconds: int = Field(ge=1, le=MAX_SECONDS)
+    """Fall back to this step once the job has waited this long for a node pool on the
+    step before it (counted from when that wait, or that step, began)."""
+    spot: bool | None = None
+    """true: only Spot VMs; false: only on-demand VMs; unset: either."""
+    reservation: LabelValue | None = None
+    """Only nodes of this reservation (cloud.google.com/reservation-name); unset: any."""
+
+    def words(self) -> str:
+        return capacity_words(self.spot, self.reservation)
+
+
+def capacity_words(spot: bool | None, reservation: str | None) -> str:
+    """``spot``, ``on-demand in reservation r``, ``any VMs``: a step in words."""
+    kind = {True: "spot", False: "on-demand", None: ""}[spot]
+    where = f"reservation {reservation}" if reservation else ""
+    if kind and where:
+        return f"{kind} in {where}"
+    return kind or where or "any VMs"
+
+
+def _placement_rules() -> list[dict[str, str]]:
+    extra = Placement.model_config.get("json_schema_extra") or {}
+    assert isinstance(extra, dict)
+    found: Any = extra.get("x-kubernetes-validations") or []
+    return list(found)
+
+
+class JobPlacement(Placement):
+    """Where a job's slices may run, and what to fall back to when capacity does not come."""
+
+    model_config = {
+        **Placement.model_config,
+        "json_schema_extra": rules(
+            *_placement_rules(),
+            cel(
+                "!has(self.fallbacks) || !has(self.nodePools)",
+                "placement.fallbacks choose among the cluster's free node pools and the pools "
+                "GKE creates; pinned placement.nodePools leave nothing to fall back to: set "
+                "one or the other",
+                field_path=".fallbacks",
+            ),
+        ),
+    }
+    fallbacks: list[CapacityStep] | None = Field(default=None, max_length=MAX_FALLBACKS)
+    """Placements to fall back to, in order, when the job waits for a node pool: each
+    replaces spot and reservation once the job has waited its afterSeconds on the one
+    before (e.g. spot: true here, then [{afterSeconds: 600, spot: false}]: Spot VMs, and
+    on-demand ones after 10 minutes). The clock runs while the job waits for a free node
+    pool, or its pods for the pool GKE is to create or for a node (PodsScheduled False:
+    WaitingForNodePools, Unschedulable) before its workers all ran; pods already waiting
+    start again as the next attempt (not a counted restart). status.fallback says the
+    step. Not with Kueue, whose ResourceFlavors decide the capacity. waitingTimeoutSeconds
+    still bounds the whole wait."""
+
+    def step(self, index: int) -> Placement:
+        """The placement of step ``index`` (0: this one; n: fallbacks[n-1])."""
+        if index <= 0 or not self.fallbacks:
+            return self
+        chosen = self.fallbacks[min(index, len(self.fallbacks)) - 1]
+        return self.model_copy(update={"spot": chosen.spot, "reservation": chosen.reservation})
+
+
+class FallbackStatus(ApiModel):
+    """The capacity step a job with placement.fallbacks is on."""
+
+    step: int = 0
+    """0: spec.placement's own spot and reservation; n: placement.fallbacks[n-1]."""
+    since: str | None = None
+    """When the job moved to this step (unset for step 0)."""
+    capacity: str = ""
+    """What the step asks for, in words: spot, on-demand, reservation r, any VMs."""
