@@ -8,13 +8,16 @@ Merge rules between the user's pod template and what the operator sets:
   for any of the operator's own prefix).
 - Node selectors merge: the operator's keys (accelerator, topology, node pool or, for a
   pool GKE is to create for the slice, ``tpu-operator.dev/slice-pool``, spot,
-  reservation) win, other template keys stay. ``placement.spot: false`` becomes a required
+  reservation, a capacity mode's: ``placement/capacity.py``) win, other template keys
+  stay. ``placement.spot: false`` becomes a required
   node affinity (``cloud.google.com/gke-spot NotIn [true]``: on-demand nodes have no spot
   label), ANDed into every node selector term of the template's own affinity.
 - Tolerations: the template's are kept; the TPU taint toleration is added (and that of
   the slice's own pool's ``tpu-operator.dev/slice-pool`` taint), and NoExecute
   tolerations for ``node.kubernetes.io/not-ready`` and ``unreachable`` with the failure
   policy's ``nodeNotReadyTimeoutSeconds`` are added unless the template tolerates those.
+  A flex-start or queued-provisioning slice also tolerates its nodes' taint and, when it
+  consumes a ProvisioningRequest the operator made, carries its two annotations.
 - The container named ``worker`` gets ``google.com/tpu`` requests = limits = chips per VM
   (overriding the template), the contract env first, then the template's env (a template
   entry with a contract name replaces the operator's value, except the per-pod identity
@@ -39,6 +42,7 @@ from typing import Any
 from tpu_operator import contract
 from tpu_operator.builders.supervision import Supervision, key_volume, supervise_container
 from tpu_operator.builders.wiring import PodWiring, contract_env, with_template_env
+from tpu_operator.placement.capacity import CapacityMode
 from tpu_operator.placement.provisioning import SLICE_POOL_LABEL
 
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
@@ -77,6 +81,9 @@ class NodePlacement:
     """The slice-pool label value of a pool GKE creates (or created) for this slice alone
     (placement/provisioning.py). Without ``node_pool`` the pods select it, so that GKE
     creates the pool; either way they tolerate its ``NoSchedule`` taint."""
+    capacity: CapacityMode = field(default_factory=CapacityMode)
+    """Flex-start or queued provisioning (``placement/capacity.py``): its node selector,
+    tolerations and, for a ProvisioningRequest the pods consume, annotations."""
 
     def node_selector(self, wiring: PodWiring) -> dict[str, str]:
         selector = dict(self.extra_selector)
@@ -90,19 +97,23 @@ class NodePlacement:
             selector[contract.NODE_LABEL_SPOT] = "true"
         if self.reservation:
             selector[contract.NODE_LABEL_RESERVATION] = self.reservation
+        selector.update(self.capacity.node_selector())
         return selector
 
     def tolerations(self) -> list[dict[str, Any]]:
-        """Tolerations of the slice's own pool (GKE workload separation's taint)."""
+        """Tolerations of the slice's own pool (GKE workload separation's taint) and of
+        its capacity mode's nodes."""
+        own = self.capacity.tolerations()
         if not self.slice_pool:
-            return []
+            return own
         return [
             {
                 "key": SLICE_POOL_LABEL,
                 "operator": "Equal",
                 "value": self.slice_pool,
                 "effect": "NoSchedule",
-            }
+            },
+            *own,
         ]
 
 
@@ -228,7 +239,9 @@ def worker_pod(
         "labels": labels,
         "ownerReferences": [owner.reference()],
     }
-    if annotations := _users(template_meta.get("annotations")):
+    annotations = _users(template_meta.get("annotations"))
+    annotations.update(placement.capacity.annotations())
+    if annotations:
         metadata["annotations"] = annotations
 
     spec["hostname"] = wiring.pod_name

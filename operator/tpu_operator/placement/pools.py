@@ -433,12 +433,22 @@ def requests_for(
     placement: Placement | None,
     count: int,
     claims: list[str] | None = None,
+    admitted_capacity: bool = False,
 ) -> list[Request]:
     """What each of ``count`` slices of ``shape`` needs from a pool; ``claims`` are the
-    slice-pool label values the slices use if GKE is to create their pools."""
+    slice-pool label values the slices use if GKE is to create their pools.
+
+    A flex-start or queued-provisioning slice (``placement.capacity``) asks GKE for a
+    pool of its own unless ``placement.provisioning`` says otherwise: that capacity comes
+    as new VMs. ``admitted_capacity``: Kueue admits the job, whose ProvisioningRequest
+    admission check has the queued capacity provisioned before it admits: the slices take
+    those pools as existing ones."""
     pins = placement.node_pools if placement and placement.node_pools else None
     setting = placement.provisioning if placement else None
     provision = None if setting is None else setting == "Auto"
+    capacity = placement.capacity if placement else None
+    if setting is None and capacity is not None:
+        provision = not (admitted_capacity and capacity == "QueuedProvisioning")
     return [
         Request(
             shape,

@@ -153,6 +153,8 @@ class JobFacts:
     """Why this machine type, when the operator chose it (a shape that fits two)."""
     reports: Mapping[str, ProcessReport] = field(default_factory=dict)
     """Supervisors' reports on stopped training processes, by pod name."""
+    kueue: bool = False
+    """Kueue admits the job (labelled with a queue, operator run with --kueue)."""
 
     @property
     def policy(self) -> FailurePolicy:

@@ -78,7 +78,9 @@ def start(
 def allocate(facts: JobFacts, plan: Plan, world: World) -> list[str] | None:
     """Pools for every slice, or None and the job waits (saying why)."""
     count = facts.spec.num_slices
-    requests = requests_for(facts.shape, facts.spec.placement, count, world.claims(count))
+    requests = requests_for(
+        facts.shape, facts.spec.placement, count, world.claims(count), admitted_capacity=facts.kueue
+    )
     allocation = world.allocate(requests)
     if allocation.pools is not None:
         return allocation.pools

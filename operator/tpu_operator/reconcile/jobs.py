@@ -40,6 +40,7 @@ from tpu_operator.builders.supervision import (
     supervision_refused,
 )
 from tpu_operator.builders.wiring import Ports
+from tpu_operator.builders.workload import queue_name
 from tpu_operator.catalog import CatalogError, SliceShape, chips_per_host_choices
 from tpu_operator.placement.pools import Allocation, PoolGone, Request
 from tpu_operator.policies import (
@@ -272,6 +273,7 @@ class JobRun:
             supervised=runs and refused is None,
             supervision_refused=refused,
             machine_note=machine_note,
+            kueue=bool(ctx.caches.kueue and queue_name(meta)),
         )
 
     # the reconcile
