@@ -32,6 +32,7 @@ The YAML format (``localcluster/pools.yaml`` is the default)::
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -51,6 +52,10 @@ SPOT_LABEL = "cloud.google.com/gke-spot"
 RESERVATION_LABEL = "cloud.google.com/reservation-name"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 MODE_LABEL = "localcluster.tpu-operator.dev/mode"
+FLEX_START_LABEL = "cloud.google.com/gke-flex-start"
+QUEUED_LABEL = "cloud.google.com/gke-queued"
+MAX_RUN_LABEL = "cloud.google.com/gke-max-run-duration-seconds"
+TERMINATION_ANNOTATION = "node.gke.io/machine-termination-datetime"
 
 # GKE machine type prefix per accelerator label value; the suffix is <chips>t.
 _MACHINE_PREFIX = {
@@ -103,6 +108,10 @@ class Pool:
     """VMs registered at start (None: ``vms``; 0: a pool scaled to zero)."""
     auto_provisioned: bool = False
     """Created by the simulated node auto-provisioner (deleted once idle)."""
+    max_run_seconds: int | None = None
+    """Flex-start VMs: taken back this long after they register (the simulated autoscaler
+    taints them ``cloud.google.com/impending-node-termination`` shortly before); each
+    node carries ``node.gke.io/machine-termination-datetime``."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -201,10 +210,14 @@ class Pool:
         }
         if self.accelerator:
             capacity[TPU_RESOURCE] = str(self.chips_per_vm)
+        metadata: dict[str, Any] = {"name": node_name, "labels": self.node_labels(node_name)}
+        if self.max_run_seconds:
+            ends = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self.max_run_seconds)
+            metadata["annotations"] = {TERMINATION_ANNOTATION: ends.strftime("%Y-%m-%dT%H:%M:%SZ")}
         return {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": node_name, "labels": self.node_labels(node_name)},
+            "metadata": metadata,
             "spec": {
                 "providerID": f"gce://localcluster/{self.zone}/{node_name}",
                 "taints": ([dict(TPU_TAINT)] if self.accelerator else [])

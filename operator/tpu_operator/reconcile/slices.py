@@ -107,6 +107,10 @@ BUILD_ERRORS = (TypeError, AttributeError, ValueError, KeyError, IndexError, Ove
 the slice fails with InvalidPodTemplate rather than retrying a traceback."""
 
 
+def _words(kind: str, message: str) -> str:
+    return f"{kind}: {message}" if message and message != kind else kind
+
+
 class TemplateBuildError(Exception):
     """The worker pod could not be built from the slice's template."""
 
@@ -332,12 +336,19 @@ class SliceRun:
         )
         if mode.capacity != QUEUED or kueue_made or stopping or not target:
             return mode
-        if not is_claim(node_pool):
-            return mode  # the pool exists: the pods select it by name
         status = self.status
         tries = status.provisioning_tries if status.attempt == target else 0
         name = request_name(self.name, target, tries)
         path = namespaced(self.namespace, PROVISIONING_REQUEST_PLURAL, group=PROVISIONING_GROUP)
+        if not is_claim(node_pool):
+            # The pool exists: the pods select it by name. The request's last word is
+            # read once more, for the status.
+            if status.provisioning_request == name and not status.provisioning_state.startswith(
+                "Provisioned"
+            ):
+                kind, message = request_state(await self.ctx.kube.get(f"{path}/{name}"))
+                self.provisioning = (name, tries, _words(kind, message))
+            return mode
         found = await self.ctx.kube.get(f"{path}/{name}")
         kind, message = request_state(found)
         current = [p for p in pods if p.attempt == target and not p.deleting]
@@ -348,7 +359,7 @@ class SliceRun:
             kind = "Pending"
         elif kind == "Failed" or (kind in ("BookingExpired", "Revoked") and not scheduled):
             backoff = min(PROVISIONING_RETRY_SECONDS * 2**tries, PROVISIONING_RETRY_MAX)
-            self.provisioning = (name, tries + 1, f"{kind}: {message}")
+            self.provisioning = (name, tries + 1, _words(kind, message))
             self._event_later(
                 "Warning",
                 Reason.PROVISIONING_FAILED,
@@ -368,7 +379,7 @@ class SliceRun:
             )
             for p in moved
         )
-        self.provisioning = (name, tries, f"{kind}: {message}" if message else kind)
+        self.provisioning = (name, tries, _words(kind, message))
         if kind not in ("Provisioned",) or not scheduled:
             self._after(PROVISIONING_POLL_SECONDS)
         return replace(mode, provisioning_request=name)
