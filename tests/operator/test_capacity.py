@@ -99,9 +99,7 @@ def slice_status(tpu: Api, ns: str) -> dict[str, Any]:
 
 
 def test_queued_provisioning_runs_a_slice_on_the_pool_of_its_own_request(tpu: Api, ns: str):
-    tpu.apply(
-        job("queued", ns, {"capacity": "QueuedProvisioning", "maxRunDurationSeconds": 3600})
-    )
+    tpu.apply(job("queued", ns, {"capacity": "QueuedProvisioning", "maxRunDurationSeconds": 3600}))
     status = tpu.wait_phase(ns, "queued", "Running", timeout=90)
     (name,) = requests(tpu, ns)
     assert name == "queued-0-a1-r0"
@@ -181,9 +179,7 @@ def test_an_operator_killed_with_a_request_in_flight_makes_no_second_and_loses_n
     } == {"killed-0-a1-r0"}
 
 
-def test_flex_start_vms_taken_back_at_the_end_of_their_run_are_a_disruption(
-    tpu: Api, ns: str
-):
+def test_flex_start_vms_taken_back_at_the_end_of_their_run_are_a_disruption(tpu: Api, ns: str):
     tpu.apply(job("flex", ns, {"capacity": "FlexStart", "maxRunDurationSeconds": 30}))
     first = tpu.wait_phase(ns, "flex", "Running", timeout=90)
     (pool,) = first["nodePools"]
@@ -203,9 +199,11 @@ def test_flex_start_vms_taken_back_at_the_end_of_their_run_are_a_disruption(
     )
     # The VMs go after 30 s; the job restarts on new flex-start VMs, not counted.
     again = wait_until(
-        lambda: (s := tpu.status(ns, "flex")).get("restarts", 0) >= 1
-        and s.get("phase") == "Running"
-        and s,
+        lambda: (
+            (s := tpu.status(ns, "flex")).get("restarts", 0) >= 1
+            and s.get("phase") == "Running"
+            and s
+        ),
         timeout=150,
         message=lambda: f"the job running again: {tpu.status(ns, 'flex')}",
     )
