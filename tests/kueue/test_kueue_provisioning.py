@@ -21,7 +21,7 @@ from tests.operator.support import Api
 from tests.operator.support import job_manifest as manifest
 from tpu_operator import contract
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.kueue
 
 REPO = Path(__file__).resolve().parents[2]
 PROVREQS = "/apis/autoscaling.x-k8s.io/v1/namespaces/{ns}/provisioningrequests"
