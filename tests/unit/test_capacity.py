@@ -18,7 +18,7 @@ from tpu_operator.placement.capacity import (
     request_objects,
     request_state,
 )
-from tpu_operator.placement.pools import requests_for
+from tpu_operator.placement.pools import PoolView, allocate, requests_for
 
 pytestmark = pytest.mark.unit
 
@@ -199,3 +199,25 @@ def test_the_kueue_workload_asks_for_queued_nodes_and_passes_the_run_duration():
         contract.NODE_LABEL_QUEUED
         not in plain["spec"]["podSets"][0]["template"]["spec"]["nodeSelector"]
     )
+
+
+def test_a_capacity_slice_never_takes_a_free_pool_that_exists():
+    free = {
+        "v6e": PoolView(
+            name="v6e",
+            accelerator="tpu-v6e-slice",
+            topology="4x4",
+            nodes=4,
+            ready=4,
+            chips_per_vm=4,
+        )
+    }
+    flex = requests_for(SHAPE, Placement(capacity="FlexStart"), 1, ["c"])
+    assert allocate(flex, free, {}).pools == ["auto:c"]
+    ordinary = requests_for(SHAPE, Placement(provisioning="Auto"), 1, ["c"])
+    assert allocate(ordinary, free, {}).pools == ["v6e"]
+    # Under Kueue the admitted (provisioned) pools are the ones to take.
+    admitted = requests_for(
+        SHAPE, Placement(capacity="QueuedProvisioning"), 1, ["c"], admitted_capacity=True
+    )
+    assert allocate(admitted, free, {}).pools == ["v6e"]
