@@ -787,10 +787,10 @@ class AutoProvisioner:
             if left <= 0:
                 log.info("autoprovisioner: %s reached its run duration, taking it back", name)
                 self.run_started.pop(name, None)
-                for node in nodes:
-                    await self.pods.on_node_deleted(node, graceful=True)
-                await self.nodes.remove_pool(name)
                 self.created.discard(name)
+                # In the background: a graceful shutdown waits for the pods' last status
+                # writes, and the scans go on meanwhile.
+                self._spawn(self._retire(name, nodes))
                 continue
             if left <= self.config.termination_notice and (name, "notice") not in self.reported:
                 self.reported.add((name, "notice"))
@@ -809,6 +809,14 @@ class AutoProvisioner:
                         {"spec": {"taints": taints}},
                         content_type="application/merge-patch+json",
                     )
+
+    async def _retire(self, name: str, nodes: list[str]) -> None:
+        for node in nodes:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.pods.on_node_deleted(node, graceful=True), 30.0)
+        with contextlib.suppress(KeyError):
+            await self.nodes.remove_pool(name)
+        log.info("autoprovisioner: %s taken back (%d VMs)", name, len(nodes))
 
     async def _event(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
         meta = pod["metadata"]
