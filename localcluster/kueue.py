@@ -79,6 +79,79 @@ def module_dir(version: str) -> Path:
     return Path(json.loads(out)["Dir"])
 
 
+AUTOSCALER_APIS = "k8s.io/autoscaler/cluster-autoscaler/apis"
+"""The Go module of the ProvisioningRequest API (``autoscaling.x-k8s.io``), at the version
+Kueue's module requires (``gobuild/kueue/go.mod``): its ``config/crd`` holds the CRD."""
+
+
+def provisioning_request_crd() -> dict[str, Any]:
+    """The ProvisioningRequest CRD from the cluster autoscaler's API module (downloaded
+    through the Go module proxy into the module cache, outside the repository)."""
+    env = {**os.environ, "GOFLAGS": "-mod=mod", "GOSUMDB": "off"}
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", AUTOSCALER_APIS],
+        cwd=binaries.KUEUE.module_dir,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    path = Path(json.loads(out)["Dir"]) / "config" / "crd"
+    (crd,) = (
+        doc
+        for file in sorted(path.glob("*provisioningrequests*.yaml"))
+        for doc in yaml.safe_load_all(file.read_text())
+        if doc
+    )
+    return dict(crd)
+
+
+def install_provisioning_requests(cluster: Any) -> None:
+    """Install the ProvisioningRequest CRD (before Kueue starts, whose ProvisioningRequest
+    admission check controller runs only when the API is served)."""
+    crd = provisioning_request_crd()
+    _apply(cluster, [crd])
+    cluster.kubectl(
+        "wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", "--timeout=60s"
+    )
+
+
+def provisioning_check(
+    name: str = "dws-prov", max_run_duration_seconds: int | None = None
+) -> list[dict[str, Any]]:
+    """An AdmissionCheck of Kueue's ProvisioningRequest controller and its
+    ProvisioningRequestConfig, as GKE documents them for queued provisioning of TPUs."""
+    config: dict[str, Any] = {
+        "provisioningClassName": "queued-provisioning.gke.io",
+        "managedResources": [TPU_RESOURCE],
+        # Kueue's default backoff starts at 60 s: a test sees a retry sooner.
+        "retryStrategy": {"backoffLimitCount": 3, "backoffBaseSeconds": 5, "backoffMaxSeconds": 30},
+    }
+    if max_run_duration_seconds:
+        config["parameters"] = {"maxRunDurationSeconds": str(max_run_duration_seconds)}
+    return [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ProvisioningRequestConfig",
+            "metadata": {"name": f"{name}-config"},
+            "spec": config,
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "AdmissionCheck",
+            "metadata": {"name": name},
+            "spec": {
+                "controllerName": "kueue.x-k8s.io/provisioning-request",
+                "parameters": {
+                    "apiGroup": "kueue.x-k8s.io",
+                    "kind": "ProvisioningRequestConfig",
+                    "name": f"{name}-config",
+                },
+            },
+        },
+    ]
+
+
 def manifests(kubectl: Path) -> list[dict[str, Any]]:
     """Kueue's ``config/default``, rendered once per pinned version and cached."""
     target = binaries.component_dir(binaries.KUEUE) / "manifests.yaml"
@@ -387,6 +460,7 @@ def tpu_queues(
     chips: int | None = None,
     topology: bool = False,
     preemption: bool = True,
+    admission_checks: Iterable[str] = (),
 ) -> list[dict[str, Any]]:
     """ResourceFlavors for the simulated TPU pools (one per accelerator and topology,
     selecting its nodes by label), a ClusterQueue over them with ``chips`` of
@@ -450,6 +524,8 @@ def tpu_queues(
     }
     if preemption:
         cq_spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
+    if checks := list(admission_checks):
+        cq_spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": c} for c in checks]}
     docs.append(
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",

@@ -34,6 +34,7 @@ The YAML format (``localcluster/pools.yaml`` is the default)::
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -54,6 +55,10 @@ SPOT_LABEL = "cloud.google.com/gke-spot"
 RESERVATION_LABEL = "cloud.google.com/reservation-name"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 MODE_LABEL = "localcluster.tpu-operator.dev/mode"
+FLEX_START_LABEL = "cloud.google.com/gke-flex-start"
+QUEUED_LABEL = "cloud.google.com/gke-queued"
+MAX_RUN_LABEL = "cloud.google.com/gke-max-run-duration-seconds"
+TERMINATION_ANNOTATION = "node.gke.io/machine-termination-datetime"
 
 # GKE machine type prefix per accelerator label value; the suffix is <chips>t.
 _MACHINE_PREFIX = {
@@ -111,6 +116,10 @@ class Pool:
     tpu7x, 4x4x4, 16 VMs of 4 chips, provisioned without ICI links. Its nodes carry no
     topology label until the slice controller stand-in forms a Slice of them; they carry
     the partition id and state labels of the cube and of each sub-slice shape."""
+    max_run_seconds: int | None = None
+    """Flex-start VMs: taken back this long after they register (the simulated autoscaler
+    taints them ``cloud.google.com/impending-node-termination`` shortly before); each
+    node carries ``node.gke.io/machine-termination-datetime``."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -226,10 +235,14 @@ class Pool:
         }
         if self.accelerator:
             capacity[TPU_RESOURCE] = str(self.chips_per_vm)
+        metadata: dict[str, Any] = {"name": node_name, "labels": self.node_labels(node_name)}
+        if self.max_run_seconds:
+            ends = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self.max_run_seconds)
+            metadata["annotations"] = {TERMINATION_ANNOTATION: ends.strftime("%Y-%m-%dT%H:%M:%SZ")}
         return {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": node_name, "labels": self.node_labels(node_name)},
+            "metadata": metadata,
             "spec": {
                 "providerID": f"gce://localcluster/{self.zone}/{node_name}",
                 "taints": ([dict(TPU_TAINT)] if self.accelerator else [])

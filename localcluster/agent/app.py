@@ -95,6 +95,7 @@ class Agent:
         if previous is not None:
             self.provisioner.templates.update(previous.templates)
             self.provisioner.created = previous.created
+            self.provisioner.run_started = previous.run_started
         self._provisioner_task = asyncio.create_task(self.provisioner.run(), name="provisioner")
         log.info("autoprovisioner on: %s", json.dumps(config.to_json()))
 

@@ -323,7 +323,7 @@ class PodManager:
                     )
                     waits.append(run.terminate(grace))
                 elif uid in self.simulator.pods:
-                    self.simulator.complete(uid, 143, "Error")
+                    self.simulator.complete(uid, 143, "Error", condition)
             await asyncio.gather(*waits)
             await self.writer.drain()
         for uid in uids:

@@ -56,8 +56,11 @@ from localcluster.agent.kube import Kube, list_watch
 from localcluster.agent.status import now
 from localcluster.pools import (
     ACCELERATOR_LABEL,
+    FLEX_START_LABEL,
     INSTANCE_TYPE_LABEL,
+    MAX_RUN_LABEL,
     POOL_LABEL,
+    QUEUED_LABEL,
     RESERVATION_LABEL,
     SPOT_LABEL,
     TOPOLOGY_LABEL,
@@ -99,6 +102,13 @@ NAP_LABELS = {
 """Node labels NAP provisions for (its own vocabulary); other keys of Google's and
 Kubernetes' domains are not provisioned for, custom keys only by workload separation."""
 RESERVED_DOMAINS = ("kubernetes.io", "k8s.io", "google.com")
+PROVREQ_PATH = "/apis/autoscaling.x-k8s.io/v1/provisioningrequests"
+QUEUED_CLASS = "queued-provisioning.gke.io"
+CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
+IMPENDING_TERMINATION_TAINT = "cloud.google.com/impending-node-termination"
+FLEX_START_MAX_SECONDS = 7 * 24 * 3600
+"""Flex-start VMs run for at most seven days (GKE's default run duration)."""
+CAPACITY_LABELS = {FLEX_START_LABEL, QUEUED_LABEL, MAX_RUN_LABEL}
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,13 @@ class Autoprovisioning:
     mode: Literal["run", "simulate"] = "run"
     """Mode of the pools NAP creates (run: pods run as processes)."""
     zone: str = "us-central2-b"
+    provisioning_requests: Literal["provision", "fail", "expire"] = "provision"
+    """What becomes of a ProvisioningRequest (``queued-provisioning.gke.io``) ``delay``
+    seconds after it was accepted: its node pools are created all at once (Provisioned),
+    it fails (Failed), or its booking expires unused (Provisioned, then BookingExpired)."""
+    termination_notice: float = 20.0
+    """Seconds before the end of a flex-start VM's run duration that its node is tainted
+    ``cloud.google.com/impending-node-termination`` (then it is taken back)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -248,10 +265,27 @@ def _reserved(key: str) -> bool:
     return any(domain == d or domain.endswith("." + d) for d in RESERVED_DOMAINS)
 
 
-def nap_pool(pod: Mapping[str, Any], config: Autoprovisioning) -> Pool | str:
+def nap_pool(
+    pod: Mapping[str, Any],
+    config: Autoprovisioning,
+    *,
+    queued: bool = False,
+    max_run_seconds: int | None = None,
+) -> Pool | str:
     """The node pool NAP would create for ``pod`` (one VM, or one multi-host slice), or why
-    it would not trigger a scale-up. The name is left empty (a group gets one per pool)."""
+    it would not trigger a scale-up. The name is left empty (a group gets one per pool).
+
+    A pod that selects ``cloud.google.com/gke-flex-start: "true"`` gets flex-start VMs
+    (labelled so, taken back after ``cloud.google.com/gke-max-run-duration-seconds`` or
+    seven days). ``queued``: the pool of a ProvisioningRequest (``queued-provisioning.gke.io``),
+    labelled and tainted ``cloud.google.com/gke-queued=true``, flex-start VMs that run for
+    ``max_run_seconds`` (the request's parameter) or seven days; a pod that selects
+    ``cloud.google.com/gke-queued`` gets no pool but through a request."""
     selector = dict((pod.get("spec") or {}).get("nodeSelector") or {})
+    if selector.get(QUEUED_LABEL) == "true" and not queued:
+        return (
+            f"it selects {QUEUED_LABEL}: such node pools are created for ProvisioningRequests only"
+        )
     if POOL_LABEL in selector:
         return f"it selects node pool {selector[POOL_LABEL]}, which cannot be scaled up"
     accelerator, topology = selector.get(ACCELERATOR_LABEL), selector.get(TOPOLOGY_LABEL)
@@ -272,8 +306,19 @@ def nap_pool(pod: Mapping[str, Any], config: Autoprovisioning) -> Pool | str:
         return f"no {accelerator} machine type has {requested} chips per VM for topology {topology}"
     labels: dict[str, str] = {}
     taints: list[dict[str, str]] = []
+    flex = selector.get(FLEX_START_LABEL) == "true" or queued
+    if flex:
+        labels[FLEX_START_LABEL] = "true"
+        if not queued:
+            with contextlib.suppress(ValueError):
+                max_run_seconds = int(selector.get(MAX_RUN_LABEL) or 0) or None
+            if max_run_seconds:
+                labels[MAX_RUN_LABEL] = str(max_run_seconds)
+    if queued:
+        labels[QUEUED_LABEL] = "true"
+        taints.append({"key": QUEUED_LABEL, "value": "true", "effect": "NoSchedule"})
     for key, value in selector.items():
-        if key in NAP_LABELS:
+        if key in NAP_LABELS or key in CAPACITY_LABELS:
             continue
         if _reserved(key):
             return f"node auto-provisioning does not create node pools for label {key}"
@@ -298,6 +343,7 @@ def nap_pool(pod: Mapping[str, Any], config: Autoprovisioning) -> Pool | str:
         labels=labels,
         taints=tuple(taints),
         auto_provisioned=True,
+        max_run_seconds=(max_run_seconds or FLEX_START_MAX_SECONDS) if flex else None,
     )
     wanted_type = selector.get(INSTANCE_TYPE_LABEL)
     if wanted_type and wanted_type != pool.gke_machine_type:
@@ -376,6 +422,10 @@ class AutoProvisioner:
     """Names of the pools this provisioner created (deleted once idle)."""
     idle_since: dict[str, float] = field(default_factory=dict)
     reported: set[tuple[str, str]] = field(default_factory=set)
+    run_started: dict[str, float] = field(default_factory=dict)
+    """Flex-start pools (``Pool.max_run_seconds``) -> when their VMs registered."""
+    accepted_at: dict[str, float] = field(default_factory=dict)
+    """ProvisioningRequest UID -> when this autoscaler accepted (or first saw) it."""
 
     def __post_init__(self) -> None:
         self._tasks: set[asyncio.Task[None]] = set()
@@ -419,8 +469,14 @@ class AutoProvisioner:
             expired = promise.registered and current - promise.registered > ASSIGNMENT_GRACE
             if uid not in pending_uids or expired:
                 del self.promised[uid]
+        # A pod that consumes a ProvisioningRequest gets capacity through it alone.
         waiting = self._without_room(
-            [p for p in pending if p["metadata"]["uid"] not in self.promised]
+            [
+                p
+                for p in pending
+                if p["metadata"]["uid"] not in self.promised
+                and CONSUME_ANNOTATION not in (p["metadata"].get("annotations") or {})
+            ]
         )
         waiting = await self._scale_declared(waiting)
         if self.config.nap and waiting:
@@ -437,6 +493,8 @@ class AutoProvisioner:
                 self.seen[uid], "NotTriggerScaleUp", f"pod didn't trigger scale-up: {why}"
             )
         await self._scale_down(pending, current)
+        await self._serve_requests(current)
+        await self._take_back(current)
 
     def _without_room(self, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The pods for which no registered VM has room and no VM on its way is left, as
@@ -537,6 +595,8 @@ class AutoProvisioner:
                 await self.nodes.add_nodes(self.nodes.pools[pool.name], names)
             if present is None:
                 self.created.add(pool.name)
+                if pool.max_run_seconds:
+                    self.run_started[pool.name] = time.monotonic()
         finally:
             self.upcoming.pop(pool.name, None)
         registered = time.monotonic()
@@ -573,6 +633,190 @@ class AutoProvisioner:
                 await self.pods.on_node_deleted(node, graceful=False)
             await self.nodes.remove_pool(name)
             self.created.discard(name)
+
+    # ProvisioningRequests (queued-provisioning.gke.io)
+    async def _serve_requests(self, current: float) -> None:
+        """Accept new ProvisioningRequests of GKE's queued class, and ``delay`` seconds
+        later provision them all at once, fail them or let their booking expire
+        (``config.provisioning_requests``)."""
+        status, listed = await self.kube.request("GET", PROVREQ_PATH)
+        if status == 404:
+            return  # the ProvisioningRequest CRD is not installed
+        if status >= 300:
+            log.warning("listing ProvisioningRequests: HTTP %s: %s", status, listed)
+            return
+        for request in listed.get("items") or []:
+            spec = request.get("spec") or {}
+            if spec.get("provisioningClassName") != QUEUED_CLASS:
+                continue
+            meta = request["metadata"]
+            conditions = {
+                c["type"]: c for c in (request.get("status") or {}).get("conditions") or []
+            }
+            done = ("Provisioned", "Failed", "BookingExpired", "CapacityRevoked")
+            if any((conditions.get(kind) or {}).get("status") == "True" for kind in done):
+                self.accepted_at.pop(meta["uid"], None)
+                continue
+            since = self.accepted_at.setdefault(meta["uid"], current)
+            if "Accepted" not in conditions:
+                await self._conditions(request, [("Accepted", "True", "Accepted", "")])
+                continue
+            if current - since < self.config.delay:
+                continue
+            await self._fulfil(request)
+
+    async def _fulfil(self, request: dict[str, Any]) -> None:
+        meta = request["metadata"]
+        where = f"{meta['namespace']}/{meta['name']}"
+        outcome = self.config.provisioning_requests
+        if outcome == "fail":
+            log.info("autoprovisioner: ProvisioningRequest %s failed (simulated)", where)
+            await self._conditions(
+                request,
+                [
+                    ("Provisioned", "False", "CapacityNotFound", ""),
+                    ("Failed", "True", "CapacityNotFound", "simulated: no capacity was found"),
+                ],
+            )
+            return
+        if outcome == "expire":
+            log.info("autoprovisioner: ProvisioningRequest %s booking expired (simulated)", where)
+            await self._conditions(
+                request,
+                [
+                    ("Provisioned", "True", "Provisioned", "capacity booked"),
+                    (
+                        "BookingExpired",
+                        "True",
+                        "BookingExpired",
+                        "simulated: the booked capacity was not used in time",
+                    ),
+                ],
+            )
+            return
+        plans, why = await self._request_pools(request)
+        if not plans:
+            await self._conditions(
+                request,
+                [
+                    ("Provisioned", "False", "NotProvisionable", why),
+                    ("Failed", "True", "NotProvisionable", why),
+                ],
+            )
+            return
+        for pool in plans:
+            await self.nodes.add_pool(pool, pool.vms)
+            self.created.add(pool.name)
+            if pool.max_run_seconds:
+                self.run_started[pool.name] = time.monotonic()
+        names = ", ".join(p.name for p in plans)
+        log.info("autoprovisioner: ProvisioningRequest %s provisioned: %s", where, names)
+        await self._conditions(
+            request, [("Provisioned", "True", "Provisioned", f"node pools {names} created")]
+        )
+
+    async def _request_pools(self, request: dict[str, Any]) -> tuple[list[Pool], str]:
+        """The node pools a request's pod sets need, all of them, or why none can be had."""
+        meta, spec = request["metadata"], request.get("spec") or {}
+        parameters = spec.get("parameters") or {}
+        max_run: int | None = None
+        with contextlib.suppress(TypeError, ValueError):
+            max_run = int(parameters.get("maxRunDurationSeconds") or 0) or None
+        plans: list[Pool] = []
+        for pod_set in spec.get("podSets") or []:
+            name = (pod_set.get("podTemplateRef") or {}).get("name", "")
+            status, template = await self.kube.request(
+                "GET", f"/api/v1/namespaces/{meta['namespace']}/podtemplates/{name}"
+            )
+            if status >= 300:
+                return [], f"pod template {name} not found"
+            pod = {"metadata": {}, "spec": (template.get("template") or {}).get("spec") or {}}
+            planned = nap_pool(pod, self.config, queued=True, max_run_seconds=max_run)
+            if isinstance(planned, str):
+                return [], planned
+            count = int(pod_set.get("count") or 0)
+            if planned.multi_host:
+                if count % planned.vms:
+                    return [], f"{count} pods do not fill whole {planned.topology} slices"
+                plans += [
+                    replace(planned, name=nap_name(planned)) for _ in range(count // planned.vms)
+                ]
+            else:
+                pool = replace(planned, vms=count)
+                plans.append(replace(pool, name=nap_name(pool)))
+        return plans, ""
+
+    async def _conditions(
+        self, request: dict[str, Any], updates: list[tuple[str, str, str, str]]
+    ) -> None:
+        meta = request["metadata"]
+        conditions = {c["type"]: c for c in (request.get("status") or {}).get("conditions") or []}
+        stamp = now()
+        for kind, status, reason, message in updates:
+            conditions[kind] = {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": stamp,
+                "observedGeneration": meta.get("generation", 1),
+            }
+        path = (
+            f"/apis/autoscaling.x-k8s.io/v1/namespaces/{meta['namespace']}"
+            f"/provisioningrequests/{meta['name']}/status"
+        )
+        body = {"status": {"conditions": list(conditions.values())}}
+        code, answer = await self.kube.request(
+            "PATCH", path, body, content_type="application/merge-patch+json"
+        )
+        if code >= 300 and code != 404:
+            log.warning("updating ProvisioningRequest %s: HTTP %s: %s", meta["name"], code, answer)
+
+    # flex-start run durations
+    async def _take_back(self, current: float) -> None:
+        """Flex-start VMs at the end of their run duration: tainted
+        ``impending-node-termination`` ``termination_notice`` seconds before, then
+        deleted (graceful node shutdown first) with their pool."""
+        for name, started in list(self.run_started.items()):
+            pool = self.nodes.pools.get(name)
+            if pool is None or not pool.max_run_seconds:
+                self.run_started.pop(name, None)
+                continue
+            left = started + pool.max_run_seconds - current
+            nodes = [n for n, node in self.nodes.nodes.items() if node.pool.name == name]
+            if left <= 0:
+                log.info("autoprovisioner: %s reached its run duration, taking it back", name)
+                self.run_started.pop(name, None)
+                self.created.discard(name)
+                # In the background: a graceful shutdown waits for the pods' last status
+                # writes, and the scans go on meanwhile.
+                self._spawn(self._retire(name, nodes))
+                continue
+            if left <= self.config.termination_notice and (name, "notice") not in self.reported:
+                self.reported.add((name, "notice"))
+                taints = node_shape(pool)[1] + [
+                    {
+                        "key": IMPENDING_TERMINATION_TAINT,
+                        "value": "true",
+                        "effect": "NoSchedule",
+                        "timeAdded": now(),
+                    }
+                ]
+                for node in nodes:
+                    await self.kube.request(
+                        "PATCH",
+                        f"/api/v1/nodes/{node}",
+                        {"spec": {"taints": taints}},
+                        content_type="application/merge-patch+json",
+                    )
+
+    async def _retire(self, name: str, nodes: list[str]) -> None:
+        for node in nodes:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.pods.on_node_deleted(node, graceful=True), 30.0)
+        with contextlib.suppress(KeyError):
+            await self.nodes.remove_pool(name)
+        log.info("autoprovisioner: %s taken back (%d VMs)", name, len(nodes))
 
     async def _event(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
         meta = pod["metadata"]

@@ -46,6 +46,8 @@ class SimPod:
     containers: list[ContainerStatus] = field(default_factory=list)
     timer: asyncio.TimerHandle | None = None
     phase: str = "Running"
+    disruption: dict[str, Any] | None = None
+    """The DisruptionTarget condition of a pod stopped by a graceful node shutdown."""
 
     @property
     def uid(self) -> str:
@@ -60,6 +62,7 @@ class SimPod:
             start_time=self.start_time,
             conditions=self.conditions,
             containers=self.containers,
+            extra_conditions=[self.disruption] if self.disruption else None,
         )
 
 
@@ -104,10 +107,17 @@ class Simulator:
         self._report(sim)
         return sim
 
-    def complete(self, uid: str, exit_code: int, reason: str | None) -> bool:
+    def complete(
+        self,
+        uid: str,
+        exit_code: int,
+        reason: str | None,
+        disruption: dict[str, Any] | None = None,
+    ) -> bool:
         sim = self.pods.get(uid)
         if sim is None or sim.phase != "Running":
             return False
+        sim.disruption = disruption
         if sim.timer is not None:
             sim.timer.cancel()
         for container in sim.containers:

@@ -79,6 +79,18 @@ def partition_state_label(shape: str) -> str:
     return f"{PARTITION_LABEL_PREFIX}{shape}-state"
 
 
+# GKE's capacity modes (``placement/capacity.py``; sources in docs/tasks/capacity.md).
+NODE_LABEL_FLEX_START: Final = "cloud.google.com/gke-flex-start"
+"""Node label (and optional taint key) of flex-start VMs; pods select it ``"true"``."""
+NODE_LABEL_QUEUED: Final = "cloud.google.com/gke-queued"
+"""Node label and taint key of the nodes of a queued-provisioning node pool."""
+NODE_LABEL_MAX_RUN_DURATION: Final = "cloud.google.com/gke-max-run-duration-seconds"
+"""Node selector of a flex-start pod: the longest its VMs may run, in seconds."""
+NODE_ANNOTATION_TERMINATION: Final = "node.gke.io/machine-termination-datetime"
+"""Node annotation: when GKE takes a VM of limited run duration back (RFC 3339)."""
+ANNOTATION_CONSUME_PROVISIONING_REQUEST: Final = "autoscaling.x-k8s.io/consume-provisioning-request"
+ANNOTATION_PROVISIONING_CLASS: Final = "autoscaling.x-k8s.io/provisioning-class-name"
+PROVISIONING_CLASS_QUEUED: Final = "queued-provisioning.gke.io"
 TPU_TAINT_KEY: Final = "google.com/tpu"
 TPU_TAINT_VALUE: Final = "present"
 TPU_TAINT_EFFECT: Final = "NoSchedule"

@@ -395,6 +395,29 @@ _NODE_FACTS: dict[str, tuple[str, str]] = {
         "nodes (GKE), pod node selectors",
         "The reservation a node belongs to (`placement.reservation`).",
     ),
+    "NODE_LABEL_FLEX_START": (
+        "flex-start nodes (GKE), pod node selectors and tolerations",
+        '`"true"` on flex-start VMs (`placement.capacity: FlexStart`); also an optional '
+        "taint key, which the pods tolerate.",
+    ),
+    "NODE_LABEL_QUEUED": (
+        "nodes of queued-provisioning pools (GKE), pod node selectors and tolerations",
+        '`"true"` label and NoSchedule taint of nodes GKE created for a ProvisioningRequest '
+        "(`placement.capacity: QueuedProvisioning`).",
+    ),
+    "NODE_LABEL_MAX_RUN_DURATION": (
+        "pod node selectors",
+        "The flex-start VMs' maximum run duration in seconds (`placement.maxRunDurationSeconds`).",
+    ),
+    "ANNOTATION_CONSUME_PROVISIONING_REQUEST": (
+        "pods",
+        "The ProvisioningRequest whose capacity the pod takes (Kueue's admission check, or "
+        "the operator for `QueuedProvisioning` outside Kueue).",
+    ),
+    "ANNOTATION_PROVISIONING_CLASS": (
+        "pods",
+        "The class of that ProvisioningRequest: `queued-provisioning.gke.io`.",
+    ),
     "NODE_LABEL_SLICE_POOL": (
         "nodes of pools GKE creates, pod node selectors and tolerations",
         "Label and NoSchedule taint key, unique per slice, of a pool GKE creates for "

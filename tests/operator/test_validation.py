@@ -303,6 +303,31 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         ["spec.placement.reservation", "should match"],
     ),
     (
+        "a maximum run duration without a capacity mode",
+        edit("spec.placement", {"maxRunDurationSeconds": 3600}),
+        ["spec.placement.maxRunDurationSeconds", "applies to flex-start VMs only"],
+    ),
+    (
+        "a maximum run duration beyond seven days",
+        edit("spec.placement", {"capacity": "FlexStart", "maxRunDurationSeconds": 604801}),
+        ["spec.placement.maxRunDurationSeconds", "604800"],
+    ),
+    (
+        "flex-start capacity on Spot VMs",
+        edit("spec.placement", {"capacity": "FlexStart", "spot": True}),
+        ["spec.placement.capacity", "flex-start VMs are not Spot VMs"],
+    ),
+    (
+        "queued provisioning from a reservation",
+        edit("spec.placement", {"capacity": "QueuedProvisioning", "reservation": "r"}),
+        ["spec.placement.capacity", "do not come from a reservation"],
+    ),
+    (
+        "an unknown capacity mode",
+        edit("spec.placement", {"capacity": "Calendar"}),
+        ["spec.placement.capacity", "FlexStart", "QueuedProvisioning"],
+    ),
+    (
         "a standalone TPUSlice whose Service name is not a DNS label",
         {
             "apiVersion": "tpu-operator.dev/v1alpha1",

@@ -182,3 +182,37 @@ def test_toleration_matching():
     assert tolerates([{"key": "k", "value": "v"}], taint)
     assert not tolerates([{"key": "k", "value": "w"}], taint)
     assert not tolerates([{"key": "k", "operator": "Exists", "effect": "NoExecute"}], taint)
+
+
+FLEX = "cloud.google.com/gke-flex-start"
+QUEUED = "cloud.google.com/gke-queued"
+MAX_RUN = "cloud.google.com/gke-max-run-duration-seconds"
+
+
+def test_a_flex_start_pod_gets_flex_start_vms_of_its_run_duration():
+    pod = tpu_pod("f", 4, v6e("4x4", **{FLEX: "true", MAX_RUN: "3600"}))
+    pool = nap_pool(pod, CONFIG)
+    assert isinstance(pool, Pool), pool
+    labels, taints, _ = node_shape(pool)
+    assert labels[FLEX] == "true" and labels[MAX_RUN] == "3600"
+    assert pool.max_run_seconds == 3600
+    assert [t["key"] for t in taints] == ["google.com/tpu"]
+    # Without a run duration, GKE's seven days.
+    default = nap_pool(tpu_pod("g", 4, v6e("4x4", **{FLEX: "true"})), CONFIG)
+    assert isinstance(default, Pool) and default.max_run_seconds == 7 * 24 * 3600
+    ordinary = nap_pool(tpu_pod("h", 4, v6e("4x4")), CONFIG)
+    assert isinstance(ordinary, Pool) and ordinary.max_run_seconds is None
+
+
+def test_queued_nodes_come_only_from_a_provisioning_request():
+    queued = {"key": QUEUED, "operator": "Exists", "effect": "NoSchedule"}
+    pod = tpu_pod("q", 4, v6e("4x4", **{QUEUED: "true"}), [queued])
+    refused = nap_pool(pod, CONFIG)
+    assert isinstance(refused, str) and "ProvisioningRequests only" in refused
+    pool = nap_pool(pod, CONFIG, queued=True, max_run_seconds=600)
+    assert isinstance(pool, Pool), pool
+    labels, taints, _ = node_shape(pool)
+    assert labels[QUEUED] == "true" and labels[FLEX] == "true"
+    assert {"key": QUEUED, "value": "true", "effect": "NoSchedule"} in taints
+    assert pool.max_run_seconds == 600
+    assert fits(pod, labels, taints, 4)

@@ -67,6 +67,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+# Queued provisioning outside Kueue (placement.capacity: QueuedProvisioning,
+# docs/tasks/capacity.md): a PodTemplate and a ProvisioningRequest per slice and try,
+# created, and the request read while the slice waits for it.
+- apiGroups: [""]
+  resources: [podtemplates]
+  verbs: [create]
+- apiGroups: [autoscaling.x-k8s.io]
+  resources: [provisioningrequests]
+  verbs: [get, create]
 {{- if .Values.kueue.enabled }}
 # Kueue integration (docs/tasks/kueue.md): one Workload per queued TPUJob; patch deactivates
 # and reactivates it around a suspend (spec.active).

@@ -75,6 +75,9 @@ class FailurePolicy(ApiModel):
 
 SuccessPolicy = Literal["AllWorkers", "LeaderWorker"]
 Provisioning = Literal["ExistingPools", "Auto"]
+Capacity = Literal["FlexStart", "QueuedProvisioning"]
+MAX_RUN_DURATION_SECONDS = 7 * 24 * 3600
+"""GKE runs flex-start VMs (queued or not) for at most seven days."""
 
 
 class Placement(ApiModel):
@@ -88,6 +91,24 @@ class Placement(ApiModel):
                 "placement.nodeSelector: every key must be a label key, such as disktype or "
                 "example.com/disktype",
                 field_path=".nodeSelector",
+            ),
+            cel(
+                "!has(self.maxRunDurationSeconds) || has(self.capacity)",
+                "placement.maxRunDurationSeconds applies to flex-start VMs only: set "
+                "placement.capacity to FlexStart or QueuedProvisioning, or remove it",
+                field_path=".maxRunDurationSeconds",
+            ),
+            cel(
+                "!has(self.capacity) || !has(self.spot) || self.spot == false",
+                "placement.capacity: flex-start VMs are not Spot VMs; remove placement.spot "
+                "(or set it to false), or remove placement.capacity",
+                field_path=".capacity",
+            ),
+            cel(
+                "!has(self.capacity) || !has(self.reservation)",
+                "placement.capacity: flex-start VMs do not come from a reservation; remove "
+                "placement.reservation or placement.capacity",
+                field_path=".capacity",
             ),
         ),
     }
@@ -108,6 +129,18 @@ class Placement(ApiModel):
     workload separation), and the pool is recorded once its nodes appear; a pool GKE
     removed while the slice still needs it is asked for again. Unset: the operator's
     --default-provisioning (ExistingPools unless the operator was installed otherwise)."""
+    capacity: Capacity | None = None
+    """How GKE obtains the slice's VMs (docs/tasks/capacity.md). FlexStart: flex-start VMs
+    (Dynamic Workload Scheduler), the pods select cloud.google.com/gke-flex-start=true.
+    QueuedProvisioning: flex-start with queued provisioning, every VM of the request at
+    once or none; the pods select cloud.google.com/gke-queued=true and consume a
+    ProvisioningRequest (queued-provisioning.gke.io) that Kueue's ProvisioningRequest
+    admission check creates, or, for a job outside Kueue, the operator (one per slice).
+    Unset: on-demand, Spot or reserved VMs as the other fields say."""
+    max_run_duration_seconds: int | None = Field(default=None, ge=1, le=MAX_RUN_DURATION_SECONDS)
+    """(capacity only) The longest the VMs may run, in seconds (at most 7 days, GKE's
+    default). GKE takes them back then; the operator asks the workers to checkpoint when
+    GKE announces it and restarts the job on new capacity without counting the restart."""
 
 
 class PortsSpec(ApiModel):

@@ -108,6 +108,16 @@ class TPUSliceStatus(ApiModel):
     start_time: str | None = None
     completion_time: str | None = None
     message: str = ""
+    provisioning_request: str | None = None
+    """The ProvisioningRequest (autoscaling.x-k8s.io, queued-provisioning.gke.io) the
+    slice's pods consume, when the operator made it (placement.capacity:
+    QueuedProvisioning outside Kueue)."""
+    provisioning_tries: int = 0
+    """ProvisioningRequests of the current attempt that failed or expired before the
+    slice's pods took their capacity (each try is a new request)."""
+    provisioning_state: str = ""
+    """Where the request stands: Pending, Accepted, Provisioned, Failed, BookingExpired
+    or Revoked, with the autoscaler's message."""
 
 
 class TPUSliceRoot(ApiModel):

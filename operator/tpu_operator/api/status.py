@@ -129,6 +129,9 @@ class Reason(StrEnum):
     WAITING_FOR_NODE_POOLS = "WaitingForNodePools"
     """No free node pool fits every multi-host slice, or GKE has not yet created the pools the
     slices asked for."""
+    PROVISIONING_FAILED = "ProvisioningFailed"
+    """A ProvisioningRequest the operator made for a slice failed, or its capacity expired
+    or was revoked before the slice's pods took it: a new request follows."""
     NODE_POOL_GONE = "NodePoolGone"
     """A recorded node pool has no nodes left (deleted, or scaled to zero)."""
     NODE_POOL_UNHEALTHY = "NodePoolUnhealthy"

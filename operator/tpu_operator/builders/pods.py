@@ -8,14 +8,17 @@ Merge rules between the user's pod template and what the operator sets:
   for any of the operator's own prefix).
 - Node selectors merge: the operator's keys (accelerator, topology, node pool or, for a
   pool GKE is to create for the slice, ``tpu-operator.dev/slice-pool``, or the GKE Slice
-  of an Ironwood dynamic slice, spot, reservation) win, other template keys stay.
-  ``placement.spot: false`` becomes a required node affinity
-  (``cloud.google.com/gke-spot NotIn [true]``: on-demand nodes have no spot label), ANDed
-  into every node selector term of the template's own affinity.
+  of an Ironwood dynamic slice, spot, reservation, a capacity mode's:
+  ``placement/capacity.py``) win, other template keys stay. ``placement.spot: false``
+  becomes a required node affinity (``cloud.google.com/gke-spot NotIn [true]``: on-demand
+  nodes have no spot label), ANDed into every node selector term of the template's own
+  affinity.
 - Tolerations: the template's are kept; the TPU taint toleration is added (and that of
   the slice's own pool's ``tpu-operator.dev/slice-pool`` taint), and NoExecute
   tolerations for ``node.kubernetes.io/not-ready`` and ``unreachable`` with the failure
   policy's ``nodeNotReadyTimeoutSeconds`` are added unless the template tolerates those.
+  A flex-start or queued-provisioning slice also tolerates its nodes' taint and, when it
+  consumes a ProvisioningRequest the operator made, carries its two annotations.
 - The container named ``worker`` gets ``google.com/tpu`` requests = limits = chips per VM
   (overriding the template), the contract env first, then the template's env (a template
   entry with a contract name replaces the operator's value, except the per-pod identity
@@ -40,6 +43,7 @@ from typing import Any
 from tpu_operator import contract
 from tpu_operator.builders.supervision import Supervision, key_volume, supervise_container
 from tpu_operator.builders.wiring import PodWiring, contract_env, with_template_env
+from tpu_operator.placement.capacity import CapacityMode
 from tpu_operator.placement.provisioning import SLICE_POOL_LABEL
 
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
@@ -82,6 +86,9 @@ class NodePlacement:
     """Ironwood dynamic slicing: the GKE Slice formed for the pods' attempt
     (``placement/dynamic.py``). The pods select its nodes (``cloud.google.com/gke-tpu-slice``)
     and carry ``cloud.google.com/gke-tpu-slice-topology``."""
+    capacity: CapacityMode = field(default_factory=CapacityMode)
+    """Flex-start or queued provisioning (``placement/capacity.py``): its node selector,
+    tolerations and, for a ProvisioningRequest the pods consume, annotations."""
 
     def node_selector(self, wiring: PodWiring) -> dict[str, str]:
         selector = dict(self.extra_selector)
@@ -97,19 +104,23 @@ class NodePlacement:
             selector[contract.NODE_LABEL_SPOT] = "true"
         if self.reservation:
             selector[contract.NODE_LABEL_RESERVATION] = self.reservation
+        selector.update(self.capacity.node_selector())
         return selector
 
     def tolerations(self) -> list[dict[str, Any]]:
-        """Tolerations of the slice's own pool (GKE workload separation's taint)."""
+        """Tolerations of the slice's own pool (GKE workload separation's taint) and of
+        its capacity mode's nodes."""
+        own = self.capacity.tolerations()
         if not self.slice_pool:
-            return []
+            return own
         return [
             {
                 "key": SLICE_POOL_LABEL,
                 "operator": "Equal",
                 "value": self.slice_pool,
                 "effect": "NoSchedule",
-            }
+            },
+            *own,
         ]
 
 
@@ -238,6 +249,7 @@ def worker_pod(
     annotations = _users(template_meta.get("annotations"))
     if placement.dynamic_slice:
         annotations[contract.ANNOTATION_SLICE_TOPOLOGY] = wiring.shape.topology
+    annotations.update(placement.capacity.annotations())
     if annotations:
         metadata["annotations"] = annotations
 

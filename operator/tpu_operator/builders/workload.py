@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from tpu_operator import contract
 from tpu_operator.catalog import SliceShape
+from tpu_operator.placement.capacity import KUEUE_MAX_RUN_DURATION, QUEUED, CapacityMode
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"
@@ -127,14 +128,28 @@ def build_workload(
     *,
     priority: Priority | None = None,
     topology: bool = True,
+    placement: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The Workload of a TPUJob (``job``: its metadata; ``template``: spec.template)."""
+    """The Workload of a TPUJob (``job``: its metadata; ``template``: spec.template;
+    ``placement``: spec.placement, whose capacity mode the pod set's template carries, so
+    that the ProvisioningRequest Kueue's admission check makes for it asks for those
+    nodes, with the maximum run duration as the request's parameter)."""
     meta = job["metadata"]
     queue = queue_name(meta) or ""
+    mode = CapacityMode(
+        (placement or {}).get("capacity"), (placement or {}).get("maxRunDurationSeconds")
+    )
+    pod_template = worker_template(template, shape)
+    pod_spec = pod_template["spec"]
+    pod_spec["nodeSelector"] = {**pod_spec["nodeSelector"], **mode.node_selector()}
+    pod_spec["tolerations"] = [
+        *pod_spec["tolerations"],
+        *(t for t in mode.tolerations() if t not in pod_spec["tolerations"]),
+    ]
     pod_set: dict[str, Any] = {
         "name": POD_SET,
         "count": num_slices * shape.hosts,
-        "template": worker_template(template, shape),
+        "template": pod_template,
     }
     if topology and shape.multi_host:
         pod_set["topologyRequest"] = {
@@ -156,6 +171,11 @@ def build_workload(
             "name": workload_name(meta["name"], meta["uid"]),
             "namespace": meta["namespace"],
             "labels": {contract.LABEL_KUEUE_QUEUE: queue, LABEL_JOB_UID: meta["uid"]},
+            **(
+                {"annotations": {KUEUE_MAX_RUN_DURATION: str(mode.max_run_duration_seconds)}}
+                if mode.capacity == QUEUED and mode.max_run_duration_seconds
+                else {}
+            ),
             "ownerReferences": [
                 {
                     "apiVersion": contract.API_VERSION,

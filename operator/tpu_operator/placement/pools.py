@@ -110,6 +110,10 @@ class Request:
     """The slice-pool label value this slice's pods use when GKE creates its pool."""
     leaves: str | None = None
     """The pool the slice moves off (a free choice never takes it back)."""
+    fresh: bool = False
+    """Capacity that comes as new VMs (flex-start, queued provisioning): a pool GKE
+    creates for this slice, never a free pool that exists (one of another capacity mode,
+    or a queued-provisioning pool another request booked)."""
 
 
 def provisions(setting: str | None, default: str) -> bool:
@@ -242,7 +246,7 @@ def allocate(
             continue
         reasons = []
         candidates = sorted(
-            (p for p in pools.values() if _shape_matches(p, request)),
+            (p for p in pools.values() if _shape_matches(p, request) and not request.fresh),
             key=lambda p: (p.nodes, p.name),
         )
         for pool in candidates:
@@ -470,12 +474,23 @@ def requests_for(
     placement: Placement | None,
     count: int,
     claims: list[str] | None = None,
+    admitted_capacity: bool = False,
 ) -> list[Request]:
     """What each of ``count`` slices of ``shape`` needs from a pool; ``claims`` are the
-    slice-pool label values the slices use if GKE is to create their pools."""
+    slice-pool label values the slices use if GKE is to create their pools.
+
+    A flex-start or queued-provisioning slice (``placement.capacity``) asks GKE for a
+    pool of its own unless ``placement.provisioning`` says otherwise: that capacity comes
+    as new VMs. ``admitted_capacity``: Kueue admits the job, whose ProvisioningRequest
+    admission check has the queued capacity provisioned before it admits: the slices take
+    those pools as existing ones."""
     pins = placement.node_pools if placement and placement.node_pools else None
     setting = placement.provisioning if placement else None
     provision = None if setting is None else setting == "Auto"
+    capacity = placement.capacity if placement else None
+    fresh = False
+    if setting is None and capacity is not None:
+        provision = fresh = not (admitted_capacity and capacity == "QueuedProvisioning")
     return [
         Request(
             shape,
@@ -484,6 +499,7 @@ def requests_for(
             pinned=pins[i] if pins else None,
             provision=provision if claims is not None else False,
             claim=claims[i] if claims else None,
+            fresh=fresh and claims is not None,
         )
         for i in range(count)
     ]

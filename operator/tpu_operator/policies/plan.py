@@ -156,6 +156,8 @@ class JobFacts:
     ask GKE for one: what the job waits for (it starts no attempt until one is there)."""
     reports: Mapping[str, ProcessReport] = field(default_factory=dict)
     """Supervisors' reports on stopped training processes, by pod name."""
+    kueue: bool = False
+    """Kueue admits the job (labelled with a queue, operator run with --kueue)."""
 
     @property
     def policy(self) -> FailurePolicy:

@@ -97,7 +97,7 @@ def allocate(facts: JobFacts, plan: Plan, world: World) -> list[str] | None:
     count = facts.spec.num_slices
     placement = fallback.placement_of(facts, plan.status)
     claims = world.claims(count, renewal=fallback.renewal(plan.status))
-    requests = requests_for(facts.shape, placement, count, claims)
+    requests = requests_for(facts.shape, placement, count, claims, admitted_capacity=facts.kueue)
     allocation = world.allocate(requests)
     if allocation.pools is not None:
         return allocation.pools

@@ -40,6 +40,7 @@ from tpu_operator.builders.supervision import (
     supervision_refused,
 )
 from tpu_operator.builders.wiring import Ports
+from tpu_operator.builders.workload import queue_name
 from tpu_operator.catalog import CatalogError, SliceShape, chips_per_host_choices
 from tpu_operator.placement.pools import Allocation, MachineChoice, PoolGone, Request
 from tpu_operator.policies import (
@@ -276,6 +277,7 @@ class JobRun:
             supervision_refused=refused,
             machine_note=choice.note,
             machine_wait=choice.waiting,
+            kueue=bool(ctx.caches.kueue and queue_name(meta)),
         )
 
     # the reconcile

@@ -328,7 +328,9 @@ def vanished(
         pinned=placement.node_pools if placement else None,
         provision=provisions(
             placement.provisioning if placement else None, ctx.default_provisioning
-        ),
+        )
+        # Flex-start and queued capacity comes as new pools (placement/pools.requests_for).
+        or bool(placement and placement.capacity and placement.provisioning is None),
         created=frozenset(created),
     )
 

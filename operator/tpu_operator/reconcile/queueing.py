@@ -267,6 +267,7 @@ class Queueing:
             self.num_slices,
             priority=priority,
             topology=self.topology,
+            placement=spec.get("placement"),
         )
 
     def outdated(self) -> bool:

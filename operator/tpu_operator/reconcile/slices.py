@@ -25,6 +25,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -42,6 +43,15 @@ from tpu_operator.builders.wiring import PodWiring, Ports
 from tpu_operator.catalog import CatalogError, SliceShape
 from tpu_operator.decisions import book_restart, decide
 from tpu_operator.placement import dynamic
+from tpu_operator.placement.capacity import (
+    PROVISIONING_REQUEST_API,
+    PROVISIONING_REQUEST_PLURAL,
+    QUEUED,
+    CapacityMode,
+    request_name,
+    request_objects,
+    request_state,
+)
 from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import is_claim
 from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
@@ -91,9 +101,19 @@ RELEASE_RETRY_SECONDS = 10.0
 SLICES_PATH = f"/apis/{contract.SLICE_API_VERSION}/{contract.SLICE_CRD_PLURAL}"
 """Retry after the apiserver refused the pods as forbidden (quota, admission policy):
 the cause is outside the operator and may be lifted at any time."""
+PROVISIONING_GROUP = PROVISIONING_REQUEST_API.split("/")[0]
+PROVISIONING_POLL_SECONDS = 5.0
+"""How often a slice looks at the ProvisioningRequest it waits for (one GET)."""
+PROVISIONING_RETRY_SECONDS = 10.0
+PROVISIONING_RETRY_MAX = 600.0
+"""Backoff before the next request after one failed or expired (doubling per try)."""
 BUILD_ERRORS = (TypeError, AttributeError, ValueError, KeyError, IndexError, OverflowError)
 """What building a pod from a template the models accepted must never raise; if it does,
 the slice fails with InvalidPodTemplate rather than retrying a traceback."""
+
+
+def _words(kind: str, message: str) -> str:
+    return f"{kind}: {message}" if message and message != kind else kind
 
 
 class TemplateBuildError(Exception):
@@ -201,6 +221,9 @@ class SliceRun:
         self.create_reason: Reason | None = None
         """Why this reconcile could not create pods it should have (then retried)."""
         self.after_commit: list[Callable[[], None]] = []
+        self.provisioning: tuple[str, int, str] | None = None
+        """The ProvisioningRequest of this reconcile: (name, tries, state in words)."""
+        self.provisioning_events: list[tuple[str, Reason, str]] = []
 
     def _after(self, seconds: float) -> None:
         seconds = max(seconds, MIN_REQUEUE_SECONDS)
@@ -256,6 +279,8 @@ class SliceRun:
         elif not self.managed and is_claim(node_pool) and not spec.node_pool:
             node_pool = self._resolve_claim(node_pool)
 
+        capacity = await self._capacity(target, node_pool, stopping, state, pods)
+
         blocked = barrier or (not_before is not None and self.now < not_before)
         if not_before is not None and self.now < not_before:
             self._after((not_before - self.now).total_seconds())
@@ -279,7 +304,9 @@ class SliceRun:
                 gke_slice, waiting_for = await self._dynamic_slice(target, release, forming)
                 can_create = can_create and gke_slice is not None
         if can_create and to_create:
-            create_error = await self._create_pods(to_create, target, node_pool, gke_slice)
+            create_error = await self._create_pods(
+                to_create, target, node_pool, capacity, gke_slice
+            )
 
         new = self._status(
             state,
@@ -314,6 +341,132 @@ class SliceRun:
             action()
         self._events(previous_phase, new)
         return self.requeue
+
+    async def _capacity(
+        self,
+        target: int,
+        node_pool: str | None,
+        stopping: bool,
+        state: GangState,
+        pods: list[PodView],
+    ) -> CapacityMode:
+        """The slice's capacity mode; for queued provisioning outside Kueue, the
+        ProvisioningRequest its pods consume, made here (``placement/capacity.py``).
+
+        A request is made while the slice's pool is still to be created by GKE (a claim):
+        one per try, named for the slice, the attempt and the try, so that an operator
+        restarted at any point finds the request it made rather than making a second. A
+        request that failed, or whose capacity expired or was revoked before every pod
+        was scheduled, ends the try: the next try's number is written to the status
+        first, and the request made on a later reconcile (after a backoff); pods still
+        waiting are moved to it."""
+        placement = self.spec.placement
+        mode = CapacityMode(
+            placement.capacity if placement else None,
+            placement.max_run_duration_seconds if placement else None,
+        )
+        template_meta = ((self.body.get("spec") or {}).get("template") or {}).get("metadata")
+        kueue_made = contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST in (
+            (template_meta or {}).get("annotations") or {}
+        )
+        if mode.capacity != QUEUED or kueue_made or stopping or not target:
+            return mode
+        status = self.status
+        tries = status.provisioning_tries if status.attempt == target else 0
+        name = request_name(self.name, target, tries)
+        path = namespaced(self.namespace, PROVISIONING_REQUEST_PLURAL, group=PROVISIONING_GROUP)
+        if not is_claim(node_pool):
+            # The pool exists: the pods select it by name. The request's last word is
+            # read once more, for the status.
+            if status.provisioning_request == name and not status.provisioning_state.startswith(
+                "Provisioned"
+            ):
+                kind, message = request_state(await self.ctx.kube.get(f"{path}/{name}"))
+                self.provisioning = (name, tries, _words(kind, message))
+            return mode
+        found = await self.ctx.kube.get(f"{path}/{name}")
+        kind, message = request_state(found)
+        current = [p for p in pods if p.attempt == target and not p.deleting]
+        scheduled = len(current) == self.shape.hosts and all(p.node for p in current)
+        if found is None:
+            if state.to_create or current:
+                await self._make_request(name, target, node_pool, mode)
+            kind = "Pending"
+        elif kind == "Failed" or (kind in ("BookingExpired", "Revoked") and not scheduled):
+            backoff = min(PROVISIONING_RETRY_SECONDS * 2**tries, PROVISIONING_RETRY_MAX)
+            self.provisioning = (name, tries + 1, _words(kind, message))
+            self._event_later(
+                "Warning",
+                Reason.PROVISIONING_FAILED,
+                f"ProvisioningRequest {name}: {kind}: {message}; asking again in {backoff:.0f} s",
+            )
+            self._after(backoff)
+            return replace(mode, provisioning_request=name)
+        moved = [p for p in current if p.consumes != name and not p.node]
+        await send_all(
+            self.ctx.kube.merge_patch(
+                namespaced(self.namespace, "pods", p.name),
+                {
+                    "metadata": {
+                        "annotations": {contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST: name}
+                    }
+                },
+            )
+            for p in moved
+        )
+        self.provisioning = (name, tries, _words(kind, message))
+        if kind not in ("Provisioned",) or not scheduled:
+            self._after(PROVISIONING_POLL_SECONDS)
+        return replace(mode, provisioning_request=name)
+
+    async def _make_request(
+        self, name: str, target: int, node_pool: str | None, mode: CapacityMode
+    ) -> None:
+        """The PodTemplate and ProvisioningRequest of one try (an existing one is kept)."""
+        placement = self.spec.placement
+        failure_policy = self.spec.failure_policy or FailurePolicy()
+        wiring = PodWiring(
+            job_name=self.job_name or self.name,
+            service=self.spec.service or self.name,
+            slice_name=self.name,
+            shape=self.shape,
+            num_slices=self.spec.num_slices,
+            slice_index=self.spec.slice_index,
+            worker_index=0,
+            attempt=target,
+            ports=ports_of(self.spec),
+            slice_names=() if self.managed else (self.name,),
+        )
+        owner = Owner(
+            contract.API_VERSION, contract.SLICE_KIND, self.name, self.body["metadata"]["uid"]
+        )
+        pod = worker_pod(
+            namespace=self.namespace,
+            wiring=wiring,
+            template=(self.body.get("spec") or {}).get("template") or {},
+            owner=owner,
+            placement=NodePlacement(
+                slice_pool=claim_toleration_value(self.ctx, node_pool),
+                extra_selector=dict(placement.node_selector or {}) if placement else {},
+                not_ready_timeout_seconds=failure_policy.node_not_ready_timeout_seconds,
+                capacity=mode,
+            ),
+        )
+        template, request = request_objects(
+            name=name,
+            namespace=self.namespace,
+            pod=pod,
+            count=self.shape.hosts,
+            max_run_duration_seconds=mode.max_run_duration_seconds,
+            owner=owner.reference(),
+        )
+        await self.ctx.kube.create(namespaced(self.namespace, "podtemplates"), template)
+        path = namespaced(self.namespace, PROVISIONING_REQUEST_PLURAL, group=PROVISIONING_GROUP)
+        if await self.ctx.kube.create(path, request):
+            log.info("created ProvisioningRequest %s/%s", self.namespace, name)
+
+    def _event_later(self, kind: str, reason: Reason, message: str) -> None:
+        self.provisioning_events.append((kind, reason, message))
 
     def _service(self) -> dict[str, Any]:
         meta = self.body["metadata"]
@@ -467,6 +620,7 @@ class SliceRun:
         members: list[Member],
         target: int,
         node_pool: str | None,
+        capacity: CapacityMode,
         gke_slice: str | None = None,
     ) -> str:
         spec = self.spec
@@ -482,6 +636,7 @@ class SliceRun:
             extra_selector=dict(placement.node_selector or {}) if placement else {},
             not_ready_timeout_seconds=failure_policy.node_not_ready_timeout_seconds,
             dynamic_slice=gke_slice,
+            capacity=capacity,
         )
         template = (self.body.get("spec") or {}).get("template") or {}
         job_name = self.job_name or self.name
@@ -593,6 +748,13 @@ class SliceRun:
             status.node_pool = None if stopping else node_pool
         else:
             status.node_pool = node_pool
+        if self.provisioning is not None:
+            request, tries, words = self.provisioning
+            status.provisioning_request, status.provisioning_tries = request, tries
+            status.provisioning_state = words
+        elif status.attempt != old.attempt:
+            status.provisioning_request, status.provisioning_tries = None, 0
+            status.provisioning_state = ""
         if target and not stopping and not state.to_create and state.outcome != "Creating":
             status.created_attempt = max(status.created_attempt, target)
         if status.start_time is None and state.total and not state.to_create:
@@ -673,6 +835,9 @@ class SliceRun:
         conflict = self._service_conflict()
         if conflict and not self.managed and phase not in TERMINAL_PHASES:
             message = f"{message}; {conflict}" if message else conflict
+        if self.provisioning is not None and phase in (Phase.PENDING, Phase.STARTING):
+            request, _, words = self.provisioning
+            message += f"; ProvisioningRequest {request}: {words}"
         status.phase = phase
         status.message = message
         generation = self.body["metadata"].get("generation")
@@ -745,6 +910,8 @@ class SliceRun:
         phase = new["phase"]
         ref = slice_ref(self.body)
         message = new.get("message", "")
+        for kind, reason, words in self.provisioning_events:
+            self.ctx.events.emit(ref, kind, reason, words)
         conflict = self._service_conflict()
         if conflict and conflict in message and conflict not in self.status.message:
             self.ctx.events.emit(ref, "Warning", Reason.SERVICE_CONFLICT, conflict)

@@ -124,6 +124,9 @@ class PodView:
     Running): the gang takes the worker's exit as the pod's outcome at once."""
     supervised: bool = False
     """The worker container runs the supervisor (in-place restarts)."""
+    consumes: str | None = None
+    """The ProvisioningRequest the pod consumes
+    (``autoscaling.x-k8s.io/consume-provisioning-request``), if any."""
     not_ready_since: str | None = None
     """When the pod's Ready condition last turned False (while it is False)."""
     worker_started: str | None = None
@@ -311,6 +314,9 @@ def pod_view(body: PodDocument | Mapping[str, Any], trusts: Trusts | None = None
         finished=_shared(finished),
         worker_exit=worker_exit,
         supervised=(meta.annotations or {}).get(contract.ANNOTATION_SUPERVISED) == "true",
+        consumes=_shared(
+            (meta.annotations or {}).get(contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST)
+        ),
         not_ready_since=_shared(not_ready_since),
         worker_started=_shared(worker_started),
         owner=owner,
