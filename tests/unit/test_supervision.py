@@ -339,7 +339,7 @@ def test_a_start_with_the_attempt_its_world_or_nothing_is_accepted() -> None:
         contract.ENV_MEGASCALE_PORT: "8080",
     }
     assert sv.StartRequest.from_json({"attempt": 2, "env": world}).env == world
-    single = {name: "" for name in contract.UNSET_ENV}
+    single = dict.fromkeys(contract.UNSET_ENV, "")
     assert sv.StartRequest.from_json({"attempt": 2, "env": single}).env == single
     ipv6 = {contract.ENV_JAX_COORDINATOR_ADDRESS: "[fd00::1]:8482"}
     assert sv.StartRequest.from_json({"attempt": 2, "env": ipv6}).env == ipv6

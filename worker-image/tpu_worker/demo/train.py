@@ -78,16 +78,17 @@ def mesh_shape(options: DemoOptions, devices: int, slices: int) -> tuple[int, in
 def make_mesh(options: DemoOptions, slices: int) -> jax.sharding.Mesh:
     devices = jax.devices()
     data_axis, model_axis = mesh_shape(options, len(devices), slices)
-    found = {getattr(d, "slice_index", None) for d in devices}
-    if None not in found and len(found) != slices:
-        raise SystemExit(f"the devices span {len(found)} slices, the pod env says {slices}")
-    if slices > 1 and None not in found:  # TPU multislice: ICI within, DCN across slices
-        grid = mesh_utils.create_hybrid_device_mesh(
-            (data_axis // slices, model_axis), (slices, 1), devices
-        )
-    elif devices[0].platform == "tpu":
-        grid = mesh_utils.create_device_mesh((data_axis, model_axis), devices)
-    else:  # processes in order of their ids: slice by slice, each row within one slice
+    if devices[0].platform == "tpu":
+        found = {getattr(d, "slice_index", 0) for d in devices}
+        if len(found) != slices:
+            raise SystemExit(f"the devices span {len(found)} slices, the pod env says {slices}")
+        if slices > 1:  # ICI within a slice, DCN across slices
+            grid = mesh_utils.create_hybrid_device_mesh(
+                (data_axis // slices, model_axis), (slices, 1), devices
+            )
+        else:
+            grid = mesh_utils.create_device_mesh((data_axis, model_axis), devices)
+    else:  # processes in order of their ids, slice by slice: each row within one slice
         ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
         grid = np.array(ordered).reshape(data_axis, model_axis)
     return jax.sharding.Mesh(grid, (model.DATA, model.MODEL), (AxisType.Auto, AxisType.Auto))
