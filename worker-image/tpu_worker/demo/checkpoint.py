@@ -5,8 +5,8 @@ shards it holds (one replica of each shard is written once) with TensorStore int
 ``<dir>/step_<N>`` and Orbax commits the step once all of them are done (it writes to a
 temporary directory and renames it, so a process killed mid-save leaves the previous
 checkpoints intact and ``step_<N>`` exists only when complete). So every process needs
-the storage: a shared filesystem (a ReadWriteMany volume, a Cloud Storage FUSE mount) or
-``gs://`` itself.
+the storage: one directory all of them share (a ReadWriteMany volume, a Cloud Storage
+FUSE mount).
 
 A restore reads the newest step into the shardings of the mesh the process runs on now,
 not the one that wrote it: each process reads only the slices of the arrays its devices
