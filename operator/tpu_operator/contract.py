@@ -261,9 +261,31 @@ ENV_CONTROL_KEY_FILE: Final = "TPU_OPERATOR_CONTROL_KEY_FILE"
 ENV_CONTROL_KEY_ID: Final = "TPU_OPERATOR_CONTROL_KEY_ID"
 # The pod's UID (downward API): every control request is signed for one pod.
 ENV_POD_UID: Final = "TPU_OPERATOR_POD_UID"
-# The only env names a start command may set for the next training process; anything
-# else (LD_PRELOAD, PYTHONPATH, ...) is refused.
-START_ENV: Final = (ENV_RESTART_ATTEMPT,)
+# The env names that place a process in its job's world: they change when an attempt
+# runs on other slices (fewer or more of them, slices renumbered, another coordinator)
+# while a pod stays. The Megascale names exist only in a multislice world (UNSET_ENV).
+WORLD_ENV: Final = (
+    ENV_JAX_COORDINATOR_ADDRESS,
+    ENV_PROCESS_ID,
+    ENV_NUM_PROCESSES,
+    ENV_SLICE_INDEX,
+    ENV_NUM_SLICES,
+    ENV_MEGASCALE_NUM_SLICES,
+    ENV_MEGASCALE_SLICE_ID,
+    ENV_MEGASCALE_COORDINATOR_ADDRESS,
+    ENV_MEGASCALE_PORT,
+)
+# The only env names a start command may set for the next training process: the attempt
+# and the world it runs in. Anything else (LD_PRELOAD, PYTHONPATH, ...) is refused.
+START_ENV: Final = (ENV_RESTART_ATTEMPT, *WORLD_ENV)
+# The names a start command may unset (an empty value): a single-slice world has none of
+# the Megascale variables.
+UNSET_ENV: Final = (
+    ENV_MEGASCALE_NUM_SLICES,
+    ENV_MEGASCALE_SLICE_ID,
+    ENV_MEGASCALE_COORDINATOR_ADDRESS,
+    ENV_MEGASCALE_PORT,
+)
 # Seconds a supervisor whose training process failed waits for a start command before it
 # exits with that process's exit code (the pod fails; the operator recreates the pods).
 ENV_SUPERVISOR_WAIT: Final = "TPU_WORKER_SUPERVISOR_WAIT_SECONDS"

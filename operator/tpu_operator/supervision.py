@@ -368,8 +368,11 @@ class StopRequest(_Message):
 class StartRequest(_Message):
     """Start the training process of ``attempt`` with ``env`` on top of the pod's env.
 
-    ``env`` may name only ``contract.START_ENV`` (the attempt number): a start command
-    cannot put LD_PRELOAD, PYTHONPATH or any other variable into a training process."""
+    ``env`` may name only ``contract.START_ENV``: the attempt number and the variables that
+    place the process in its job's world (``contract.WORLD_ENV``: process id and count,
+    slice id and count, coordinators), each with a value of its kind; an empty value unsets
+    one of ``contract.UNSET_ENV``. A start command cannot put LD_PRELOAD, PYTHONPATH or any
+    other variable into a training process."""
 
     attempt: int
     env: dict[str, str] = field(default_factory=dict)
@@ -381,6 +384,28 @@ class StartRequest(_Message):
         attempt = _attempt(obj, kind)
         env = _field(obj, kind, "env", (dict,))
         return cls(attempt, check_start_env(env, attempt, kind))
+
+
+# What a start command's values may look like, by name: counts and ids are decimal
+# numbers, coordinators a host name or IP address, with a port where the contract has one.
+_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\])"
+_NUMBER = (re.compile(r"\d{1,6}"), "a decimal number")
+_HOST_PORT = (re.compile(rf"{_HOST}:\d{{1,5}}"), "host:port")
+_START_VALUES: Final[dict[str, tuple[re.Pattern[str], str]]] = {
+    contract.ENV_RESTART_ATTEMPT: _NUMBER,
+    contract.ENV_JAX_COORDINATOR_ADDRESS: _HOST_PORT,
+    contract.ENV_PROCESS_ID: _NUMBER,
+    contract.ENV_NUM_PROCESSES: _NUMBER,
+    contract.ENV_SLICE_INDEX: _NUMBER,
+    contract.ENV_NUM_SLICES: _NUMBER,
+    contract.ENV_MEGASCALE_NUM_SLICES: _NUMBER,
+    contract.ENV_MEGASCALE_SLICE_ID: _NUMBER,
+    contract.ENV_MEGASCALE_COORDINATOR_ADDRESS: (
+        re.compile(rf"{_HOST}(?::\d{{1,5}})?"),
+        "a host, or host:port",
+    ),
+    contract.ENV_MEGASCALE_PORT: _NUMBER,
+}
 
 
 def check_start_env(
@@ -398,6 +423,12 @@ def check_start_env(
             raise MessageError(
                 f"{kind}: env {name} must be a string of at most {MAX_ENV_VALUE} characters"
             )
+        if value == "" and name in contract.UNSET_ENV:
+            continue  # unset in the child's env
+        pattern, what = _START_VALUES[name]
+        if not pattern.fullmatch(value):
+            unset = " or empty (unset)" if name in contract.UNSET_ENV else ""
+            raise MessageError(f"{kind}: env {name}={value[:64]!r} must be {what}{unset}")
     given = env.get(contract.ENV_RESTART_ATTEMPT)
     if given is not None and given != str(attempt):
         raise MessageError(

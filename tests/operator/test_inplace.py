@@ -23,6 +23,7 @@ from localcluster.testing import wait_until
 from tests.operator.support import Api
 from tpu_operator import contract
 from tpu_operator.state.views import MAINTENANCE_TIME_LABEL
+from tpu_worker.demo import checkpoint
 
 pytestmark = pytest.mark.integration
 CHECKPOINTS = Path("/var/tmp/tpu-operator-tests/inplace")
@@ -76,7 +77,7 @@ def identities(tpu: Api, namespace: str) -> dict[str, tuple[str, str]]:
 
 
 def steps_saved(directory: Path) -> list[int]:
-    return sorted(int(p.stem.split("_")[1]) for p in directory.glob("step_*.npz"))
+    return checkpoint.saved_steps(directory)
 
 
 def running_attempt(tpu: Api, namespace: str, name: str, attempt: int, timeout: float = 180):

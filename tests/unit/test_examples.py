@@ -6,8 +6,7 @@ Every example that checkpoints does so to a volume its worker can write (the wor
 runs as the UID and GID of worker-image/Dockerfile) and that outlives the pods: a
 ReadWriteMany claim with the worker's fsGroup, or Cloud Storage through GKE's FUSE CSI
 driver with the worker's uid and gid, a ServiceAccount the examples create and the
-driver's pod annotation. The local demo's hostPath and one example's emptyDir scratch
-space are the stated exceptions.
+driver's pod annotation. The local demo's hostPath is the stated exception.
 
 (Every example is also applied server-side against the CRDs and Kueue's webhooks in the
 kueue tier: tests/kueue/test_kueue.py.)
@@ -38,7 +37,6 @@ GCSFUSE_ANNOTATION = "gke-gcsfuse/volumes"
 # Checkpoint volumes that do not outlive the pods, on purpose (their comments say why).
 SCRATCH = {
     "local-demo.yaml": "hostPath",  # the local cluster: every node is this machine's disk
-    "v5e-single-slice.yaml": "emptyDir",  # scratch: kept across in-place restarts only
 }
 
 

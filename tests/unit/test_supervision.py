@@ -300,10 +300,17 @@ def test_bad_messages_are_refused_with_a_clear_message(
         ({"LD_PRELOAD": "/tmp/evil.so"}, "env 'LD_PRELOAD' is not allowed"),
         ({"PYTHONPATH": "/tmp"}, "env 'PYTHONPATH' is not allowed"),
         ({"PYTHONSTARTUP": "/tmp/x.py"}, "env 'PYTHONSTARTUP' is not allowed"),
-        ({contract.ENV_JAX_COORDINATOR_ADDRESS: "evil:1"}, "is not allowed"),
+        ({contract.ENV_TPU_WORKER_HOSTNAMES: "evil"}, "is not allowed"),
         ({contract.ENV_RESTART_ATTEMPT: "3"}, "is not the attempt 2"),
         ({contract.ENV_RESTART_ATTEMPT: "2\x00"}, "must be a string"),
         ({contract.ENV_RESTART_ATTEMPT: "2" * 2000}, "at most 1024"),
+        ({contract.ENV_RESTART_ATTEMPT: ""}, "must be a decimal number"),
+        ({contract.ENV_PROCESS_ID: "-1"}, "TPU_OPERATOR_PROCESS_ID='-1' must be a decimal"),
+        ({contract.ENV_NUM_PROCESSES: ""}, "must be a decimal number$"),
+        ({contract.ENV_JAX_COORDINATOR_ADDRESS: "evil"}, "must be host:port$"),
+        ({contract.ENV_JAX_COORDINATOR_ADDRESS: "a:1 --flag"}, "must be host:port"),
+        ({contract.ENV_MEGASCALE_NUM_SLICES: "two"}, "a decimal number or empty"),
+        ({contract.ENV_MEGASCALE_COORDINATOR_ADDRESS: "a/b"}, "a host, or host:port or empty"),
     ],
 )
 def test_a_start_sets_only_the_contracts_variables(env: dict[str, str], message: str) -> None:
@@ -311,14 +318,35 @@ def test_a_start_sets_only_the_contracts_variables(env: dict[str, str], message:
     with pytest.raises(sv.MessageError, match=message) as refused:
         sv.StartRequest.from_json(body)
     if "not allowed" in message:
-        assert f"a start may set only {contract.ENV_RESTART_ATTEMPT}" in str(refused.value)
+        allowed = ", ".join(contract.START_ENV)
+        assert f"a start may set only {allowed}" in str(refused.value)
 
 
-def test_a_start_with_the_attempt_or_nothing_is_accepted() -> None:
+def test_a_start_with_the_attempt_its_world_or_nothing_is_accepted() -> None:
     good = {"attempt": 2, "env": {contract.ENV_RESTART_ATTEMPT: "2"}}
     assert sv.StartRequest.from_json(json.dumps(good)).env == {contract.ENV_RESTART_ATTEMPT: "2"}
     assert sv.StartRequest.from_json(json.dumps({"attempt": 2, "env": {}})).env == {}
-    assert contract.START_ENV == (contract.ENV_RESTART_ATTEMPT,)
+    world = {
+        contract.ENV_RESTART_ATTEMPT: "2",
+        contract.ENV_JAX_COORDINATOR_ADDRESS: "job-1-0.job:8482",
+        contract.ENV_PROCESS_ID: "3",
+        contract.ENV_NUM_PROCESSES: "4",
+        contract.ENV_SLICE_INDEX: "1",
+        contract.ENV_NUM_SLICES: "2",
+        contract.ENV_MEGASCALE_NUM_SLICES: "2",
+        contract.ENV_MEGASCALE_SLICE_ID: "1",
+        contract.ENV_MEGASCALE_COORDINATOR_ADDRESS: "job-1-0.job",
+        contract.ENV_MEGASCALE_PORT: "8080",
+    }
+    assert sv.StartRequest.from_json({"attempt": 2, "env": world}).env == world
+    single = dict.fromkeys(contract.UNSET_ENV, "")
+    assert sv.StartRequest.from_json({"attempt": 2, "env": single}).env == single
+    ipv6 = {contract.ENV_JAX_COORDINATOR_ADDRESS: "[fd00::1]:8482"}
+    assert sv.StartRequest.from_json({"attempt": 2, "env": ipv6}).env == ipv6
+    # Only the attempt and the world: nothing that runs code or moves a pod's own identity.
+    assert set(contract.START_ENV) == {contract.ENV_RESTART_ATTEMPT, *contract.WORLD_ENV}
+    assert set(contract.UNSET_ENV) < set(contract.WORLD_ENV)
+    assert contract.ENV_TPU_WORKER_ID not in contract.START_ENV
 
 
 def test_the_module_is_standard_library_only() -> None:

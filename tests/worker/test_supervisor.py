@@ -23,6 +23,7 @@ from tests.worker.scrape import scrape
 from tpu_operator import contract
 from tpu_operator import supervision as sv
 from tpu_operator import worker_metrics as wm
+from tpu_worker.demo import checkpoint
 
 pytestmark = [
     pytest.mark.integration,
@@ -108,7 +109,7 @@ def supervised_env(tmp_path: Path, key: bytes | None = KEY) -> dict[str, str]:
 
 
 def checkpoint_steps(directory: Path) -> list[int]:
-    return sorted(int(p.stem.split("_")[1]) for p in directory.glob("step_*.npz"))
+    return checkpoint.saved_steps(directory)
 
 
 def test_a_failed_attempt_restarts_in_place_on_command(tmp_path: Path) -> None:
@@ -233,7 +234,8 @@ def test_a_failed_attempt_restarts_in_place_on_command(tmp_path: Path) -> None:
         saved = re.search(r"checkpoint saved at step (\d+) to \S+ \(requested\)", pods[0].log())
         assert saved, pods[0].log()
         step = int(saved.group(1))
-        assert f"checkpoint saved at step {step} (requested)" in pods[1].log(), "not agreed"
+        agreed = f"checkpoint saved at step {step} to {checkpoint.step_path(checkpoints, step)}"
+        assert f"{agreed} (requested)" in pods[1].log(), "not agreed"
         assert step in checkpoint_steps(checkpoints)
         for pod in pods:
             gang.wait_for_log(pod, f"step {step + 3} loss", 120)  # training went on

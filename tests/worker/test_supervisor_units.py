@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tpu_operator import contract
+from tpu_operator import catalog, contract
 from tpu_operator import supervision as sv
+from tpu_operator.builders.wiring import PodWiring, resolved_env, world_env
 from tpu_worker.control import ControlServer, key_loader
 from tpu_worker.reporting import CHECKPOINT_LEAD_STEPS, Reporter, agreed_step
 from tpu_worker.supervisor import (
@@ -120,6 +121,9 @@ def test_exit_code_after_sigterm(returncode: int | None, expected: int) -> None:
 def test_child_env_and_who_supervises() -> None:
     env = child_env({"A": "1", contract.ENV_RESTART_ATTEMPT: "1"}, {"A": "2"})
     assert env == {"A": "2", contract.ENV_RESTART_ATTEMPT: "1", contract.ENV_SUPERVISED_CHILD: "1"}
+    megascale = {contract.ENV_MEGASCALE_NUM_SLICES: "2", "B": "1"}
+    unset = child_env(megascale, {contract.ENV_MEGASCALE_NUM_SLICES: "", "B": ""})
+    assert unset == {"B": "", contract.ENV_SUPERVISED_CHILD: "1"}  # only the Megascale names
     assert supervising({contract.ENV_CONTROL_PORT: "9432"})
     assert not supervising({})
     assert not supervising(env | {contract.ENV_CONTROL_PORT: "9432"})
@@ -373,3 +377,47 @@ def test_a_request_sent_too_slowly_is_cut_at_the_deadline() -> None:
         conn.close()
     finally:
         server.close()
+
+
+def _pod(num_slices: int, slice_index: int, attempt: int, names: tuple[str, ...]) -> PodWiring:
+    """Worker 0 of the slice named ``names[slice_index]`` in a job of ``num_slices``."""
+    return PodWiring(
+        job_name="elastic",
+        service="elastic",
+        slice_name=names[slice_index],
+        shape=catalog.shape("tpu-v5p-slice", "2x2x2", 4),
+        num_slices=num_slices,
+        slice_index=slice_index,
+        worker_index=1,
+        attempt=attempt,
+        slice_names=names,
+    )
+
+
+ALL = ("elastic-0", "elastic-1", "elastic-2")
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        # slice 1 of 3 lost: slice 2 becomes slice 1 of 2
+        (_pod(3, 2, 1, ALL), _pod(2, 1, 2, ("elastic-0", "elastic-2"))),
+        # slice 0 lost: another coordinator, every id moves
+        (_pod(3, 2, 1, ALL), _pod(2, 1, 2, ("elastic-1", "elastic-2"))),
+        # down to one slice: the Megascale variables go
+        (_pod(2, 1, 1, ALL[:2]), _pod(1, 0, 2, ("elastic-1",))),
+        # grown back from one slice to three: they come back
+        (_pod(1, 0, 3, ("elastic-1",)), _pod(3, 1, 4, ALL)),
+    ],
+)
+def test_a_start_moves_a_kept_pods_process_into_a_changed_world(
+    before: PodWiring, after: PodWiring
+) -> None:
+    """The env a start command may carry (``world_env``, accepted by the control channel's
+    check) turns the pod's env into exactly the env of a pod built for the new world."""
+    pod_env = resolved_env(before, "10.0.0.7")
+    start = sv.StartRequest.from_json({"attempt": after.attempt, "env": world_env(after)})
+    env = child_env(pod_env, start.env)
+    assert env.pop(contract.ENV_SUPERVISED_CHILD) == "1"
+    assert env == resolved_env(after, "10.0.0.7")
+    assert env != pod_env

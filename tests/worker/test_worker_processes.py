@@ -20,6 +20,7 @@ import pytest
 from tests.worker import launch
 from tests.worker.scrape import Scrape, losses, scrape
 from tpu_operator import contract
+from tpu_worker.demo import checkpoint
 
 pytestmark = [
     pytest.mark.integration,
@@ -229,7 +230,7 @@ def test_kill_and_restart_resumes_from_the_last_checkpoint(
             pod.signal(signal.SIGKILL)
         first.wait(60)
         reached = max(max(losses(p.log()), default=0) for p in first.pods)
-    saved = sorted(int(p.stem.split("_")[1]) for p in checkpoints.glob("step_*.npz"))
+    saved = checkpoint.saved_steps(checkpoints)
     assert saved and saved[-1] < STEPS and reached < STEPS
     resume_at = saved[-1]
 
@@ -276,7 +277,7 @@ def test_sigterm_saves_a_checkpoint_everywhere_and_exits_retryable(tmp_path: Pat
             stops.add(found[0].split("stopping at step ")[1].split()[0])
         assert len(stops) == 1, f"processes stopped at different steps: {stops}"
         step = int(stops.pop())
-        assert (checkpoints / f"step_{step:08d}.npz").is_file()
+        assert checkpoint.saved_steps(checkpoints) == [step]
 
 
 def test_multislice_forms_one_system(tmp_path: Path) -> None:

@@ -252,6 +252,8 @@ class Worker:
             code = exit_request.code
             if code not in (None, 0):
                 watchdog.stop()
+                if not isinstance(code, int):
+                    log.error("training code exited: %s", code)
                 exits.hard_exit(code if isinstance(code, int) else 1, "training code exited")
         except BaseException as error:
             watchdog.stop()

@@ -145,8 +145,14 @@ def status_of(child: Child | None, checkpoints: Sequence[str] = ()) -> sv.Superv
 
 
 def child_env(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:
-    """The env of a child: the pod's env, the start command's overrides, the child marker."""
-    return {**base, **overrides, contract.ENV_SUPERVISED_CHILD: "1"}
+    """The env of a child: the pod's env, the start command's overrides (an empty value
+    unsets one of ``contract.UNSET_ENV``: a single-slice world has no Megascale
+    variables), the child marker."""
+    env = {**base, **overrides, contract.ENV_SUPERVISED_CHILD: "1"}
+    for name, value in overrides.items():
+        if value == "" and name in contract.UNSET_ENV:
+            del env[name]
+    return env
 
 
 def child_argv(argv: Sequence[str]) -> list[str]:

@@ -175,6 +175,17 @@ def contract_env(wiring: PodWiring) -> list[dict[str, object]]:
     return env
 
 
+def world_env(wiring: PodWiring) -> dict[str, str]:
+    """The env of a start command (``contract.START_ENV``) that moves a pod's next
+    training process into ``wiring``'s world: the attempt, the process and slice ids and
+    counts and the coordinators as ``contract_env`` gives them, and an empty value (unset)
+    for each Megascale variable a single-slice world has none of. A pod that stays while
+    its job runs on other slices keeps its name, so every other contract variable of the
+    pod holds as it is."""
+    values = {str(e["name"]): str(e["value"]) for e in contract_env(wiring) if "value" in e}
+    return {name: values.get(name, "") for name in contract.START_ENV}
+
+
 def with_template_env(wiring: PodWiring, template_env: Iterable[Mapping[str, object]]) -> PodWiring:
     """``wiring`` with the TPU process port a template's worker env sets, if it sets one.
 

@@ -60,10 +60,11 @@ class DemoOptions:
     steps: int = 100
     batch_size: int = 16  # global, across all processes
     learning_rate: float = 3e-3
-    model_parallel: int | None = None  # None: 2 when the device count is even, else 1
+    model_parallel: int | None = None  # None: 2 when a slice's device count is even, else 1
     checkpoint_dir: str | None = None
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
+    log_state_digest: bool = False
     log_every: int = 10
     seed: int = 0
     hooks: Hooks = Hooks()
@@ -91,7 +92,12 @@ def parser(
     run.add_argument("--steps", type=int, default=100, help="train up to this global step")
     run.add_argument("--batch-size", type=int, default=16, help="global batch (sequences)")
     run.add_argument("--learning-rate", type=float, default=3e-3)
-    run.add_argument("--model-parallel", type=int, default=None, help="size of the model axis")
+    run.add_argument(
+        "--model-parallel",
+        type=int,
+        default=None,
+        help="size of the model axis (within one slice; default 2 if it divides the slice)",
+    )
     run.add_argument("--log-every", type=int, default=10, help="log a line every N steps")
     run.add_argument("--seed", type=int, default=0)
     model = p.add_argument_group("model")
@@ -102,9 +108,19 @@ def parser(
     model.add_argument("--layers", type=int, default=2)
     model.add_argument("--seq-len", type=int, default=64)
     ckpt = p.add_argument_group("checkpoints")
-    ckpt.add_argument("--checkpoint-dir", default=None, help="save and resume here (process 0)")
+    ckpt.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="save and resume here (Orbax; every process reads and writes it: shared storage)",
+    )
     ckpt.add_argument("--checkpoint-every", type=int, default=50, help="save every N steps")
     ckpt.add_argument("--keep-checkpoints", type=int, default=2)
+    ckpt.add_argument(
+        "--log-state-digest",
+        action="store_true",
+        help="log a digest of the state's values after each restore and save (gathers the "
+        "whole state to every process: small models only)",
+    )
     hooks = p.add_argument_group("test hooks (defaults from env)")
     c = contract
     hooks.add_argument(
@@ -197,6 +213,7 @@ def from_namespace(ns: argparse.Namespace) -> DemoOptions:
         checkpoint_dir=ns.checkpoint_dir,
         checkpoint_every=max(1, ns.checkpoint_every),
         keep_checkpoints=max(1, ns.keep_checkpoints),
+        log_state_digest=ns.log_state_digest,
         log_every=max(1, ns.log_every),
         seed=ns.seed,
         hooks=hooks,

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tpu_worker
+from tpu_operator import contract
 from tpu_worker.demo import checkpoint, data, hooks, model
 from tpu_worker.demo.options import DemoOptions, ModelConfig
 
@@ -28,19 +32,39 @@ log = logging.getLogger("tpu_worker.demo")
 FLOPS_AGREEMENT = 2.0  # compiled/analytic ratio accepted as a cross-check
 
 
-def model_parallelism(options: DemoOptions, devices: int) -> int:
+def model_parallelism(options: DemoOptions, devices_per_slice: int) -> int:
     if options.model_parallel is not None:
         return options.model_parallel
     config = options.model
     splittable = config.heads % 2 == 0 and config.d_ff % 2 == 0 and config.vocab % 2 == 0
-    return 2 if devices % 2 == 0 and splittable else 1
+    return 2 if devices_per_slice % 2 == 0 and splittable else 1
 
 
-def make_mesh(options: DemoOptions) -> jax.sharding.Mesh:
-    devices = jax.device_count()
-    model_axis = model_parallelism(options, devices)
-    if devices % model_axis:
-        raise SystemExit(f"--model-parallel {model_axis} does not divide {devices} devices")
+def slices_from_env(env: Mapping[str, str]) -> int:
+    """The number of slices this attempt runs on, read from the pod env at every start:
+    ``MEGASCALE_NUM_SLICES`` (set for a multislice job), else the contract's
+    ``TPU_OPERATOR_NUM_SLICES``, else 1."""
+    for name in (contract.ENV_MEGASCALE_NUM_SLICES, contract.ENV_NUM_SLICES):
+        text = env.get(name, "").strip()
+        if not text:
+            continue
+        if not text.isdigit() or int(text) < 1:
+            raise SystemExit(f"{name}={text!r} is not a number of slices (an integer >= 1)")
+        return int(text)
+    return 1
+
+
+def mesh_shape(options: DemoOptions, devices: int, slices: int) -> tuple[int, int]:
+    """(data, model): the model axis within one slice, the data axis across slices (and
+    across the model groups of a slice)."""
+    if devices % slices:
+        raise SystemExit(f"{devices} devices do not split into {slices} equal slices")
+    per_slice = devices // slices
+    model_axis = model_parallelism(options, per_slice)
+    if model_axis < 1 or per_slice % model_axis:
+        raise SystemExit(
+            f"--model-parallel {model_axis} does not divide the {per_slice} devices of a slice"
+        )
     data_axis = devices // model_axis
     if options.batch_size % data_axis:
         raise SystemExit(f"--batch-size {options.batch_size} is not a multiple of {data_axis}")
@@ -48,9 +72,26 @@ def make_mesh(options: DemoOptions) -> jax.sharding.Mesh:
     for name, size in (("heads", config.heads), ("d-ff", config.d_ff), ("vocab", config.vocab)):
         if size % model_axis:
             raise SystemExit(f"--{name} {size} is not a multiple of the model axis {model_axis}")
-    return jax.make_mesh(
-        (data_axis, model_axis), (model.DATA, model.MODEL), (AxisType.Auto, AxisType.Auto)
-    )
+    return data_axis, model_axis
+
+
+def make_mesh(options: DemoOptions, slices: int) -> jax.sharding.Mesh:
+    devices = jax.devices()
+    data_axis, model_axis = mesh_shape(options, len(devices), slices)
+    if devices[0].platform == "tpu":
+        found = {getattr(d, "slice_index", 0) for d in devices}
+        if len(found) != slices:
+            raise SystemExit(f"the devices span {len(found)} slices, the pod env says {slices}")
+        if slices > 1:  # ICI within a slice, DCN across slices
+            grid = mesh_utils.create_hybrid_device_mesh(
+                (data_axis // slices, model_axis), (slices, 1), devices
+            )
+        else:
+            grid = mesh_utils.create_device_mesh((data_axis, model_axis), devices)
+    else:  # processes in order of their ids, slice by slice: each row within one slice
+        ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
+        grid = np.array(ordered).reshape(data_axis, model_axis)
+    return jax.sharding.Mesh(grid, (model.DATA, model.MODEL), (AxisType.Auto, AxisType.Auto))
 
 
 def state_shardings(mesh: jax.sharding.Mesh, config: ModelConfig) -> dict[str, Any]:
@@ -108,11 +149,9 @@ def _state_bytes(state: Any) -> int:
 def train(options: DemoOptions) -> None:
     report = tpu_worker.reporter()
     config = options.model
-    process = jax.process_index()
-    mesh = make_mesh(options)
+    slices = slices_from_env(os.environ)
+    mesh = make_mesh(options, slices)
     shardings = state_shardings(mesh, config)
-    batch_sharding = NamedSharding(mesh, P(model.DATA, None))
-    replicated = NamedSharding(mesh, P())
 
     def init(key: jax.Array) -> dict[str, Any]:
         params = model.init_params(config, key)
@@ -121,7 +160,7 @@ def train(options: DemoOptions) -> None:
     state = jax.jit(init, out_shardings=shardings)(jax.random.key(options.seed))
     log.info(
         "demo model: %d layers, d_model %d, %d heads, d_ff %d, vocab %d, seq %d, batch %d; "
-        "%.2f M parameters; mesh data=%d x model=%d over %d processes",
+        "%.2f M parameters; mesh data=%d x model=%d over %d processes in %d slice(s)",
         config.layers,
         config.d_model,
         config.heads,
@@ -133,17 +172,43 @@ def train(options: DemoOptions) -> None:
         mesh.shape[model.DATA],
         mesh.shape[model.MODEL],
         jax.process_count(),
+        slices,
     )
     start = 0
-    directory = Path(options.checkpoint_dir) if options.checkpoint_dir else None
-    fingerprint = checkpoint.fingerprint(config, options.batch_size)
-    if directory is not None:
+    store = None
+    if options.checkpoint_dir:
+        fingerprint = checkpoint.fingerprint(config, options.batch_size)
+        store = checkpoint.Checkpoints(
+            Path(options.checkpoint_dir), fingerprint, options.keep_checkpoints
+        )
         with report.checkpoint_restore():
-            start, state = checkpoint.restore(directory, state, shardings, fingerprint)
+            start, state = store.restore(state, shardings)
         if start:
-            log.info("resumed from checkpoint at step %d (%s)", start, directory)
+            log.info("resumed from checkpoint at step %d (%s)", start, options.checkpoint_dir)
+            if options.log_state_digest:
+                log.info("state digest at step %d: %s", start, checkpoint.digest(state))
         else:
-            log.info("no checkpoint in %s; starting at step 0", directory)
+            log.info("no checkpoint in %s; starting at step 0", options.checkpoint_dir)
+    try:
+        _train(options, report, mesh, shardings, state, start, store)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _train(
+    options: DemoOptions,
+    report: Any,
+    mesh: jax.sharding.Mesh,
+    shardings: Any,
+    state: Any,
+    start: int,
+    store: checkpoint.Checkpoints | None,
+) -> None:
+    config = options.model
+    process = jax.process_index()
+    batch_sharding = NamedSharding(mesh, P(model.DATA, None))
+    replicated = NamedSharding(mesh, P())
     if start >= options.steps:
         log.info("checkpoint step %d reached --steps %d; nothing to do", start, options.steps)
         return
@@ -193,17 +258,17 @@ def train(options: DemoOptions) -> None:
         stop = report.should_stop(step)
         requested = report.checkpoint_requested(step)
         due = step % options.checkpoint_every == 0 or step == options.steps or stop or requested
-        if directory is not None and due:
+        if store is not None and due:
             with report.checkpoint_save():
-                path = checkpoint.save(
-                    directory, step, state, fingerprint, options.keep_checkpoints
-                )
+                path = store.save(step, state)
             log.info(
-                "checkpoint saved at step %d%s%s",
+                "checkpoint saved at step %d to %s%s",
                 step,
-                f" to {path}" if path else "",
+                path,
                 " (requested)" if requested else "",
             )
+            if options.log_state_digest:
+                log.info("state digest at step %d: %s", step, checkpoint.digest(state))
         if stop:
             log.warning("stopping at step %d on request (SIGTERM in the job)", step)
             return
