@@ -21,6 +21,7 @@ def job_slice(
     suspend: bool,
     extra_labels: dict[str, str] | None = None,
     in_place_from: int | None = None,
+    await_start: bool = False,
     control_key_secret: str | None = None,
     control_key_id: str | None = None,
 ) -> dict[str, Any]:
@@ -56,6 +57,8 @@ def job_slice(
         spec["notBefore"] = not_before
     if in_place_from is not None:
         spec["inPlaceFrom"] = in_place_from
+    if await_start:
+        spec["awaitStart"] = True
     if control_key_secret:
         spec["controlKeySecret"] = control_key_secret
     if control_key_id:
@@ -82,7 +85,8 @@ def job_slice(
 
 
 def slice_patch(desired: dict[str, Any], current: dict[str, Any]) -> dict[str, Any] | None:
-    """Merge patch bringing an existing slice's job-managed fields to ``desired``.
+    """Merge patch bringing an existing slice's job-managed fields to ``desired`` (a field
+    ``desired`` leaves out is removed: null in a merge patch).
 
     Only the fields the job manages at run time (attempt, backoff, suspension, node pool,
     in-place restart) are compared; the shape and template of a running slice are not rewritten.
@@ -93,10 +97,13 @@ def slice_patch(desired: dict[str, Any], current: dict[str, Any]) -> dict[str, A
         "suspend",
         "nodePool",
         "inPlaceFrom",
+        "awaitStart",
         "controlKeySecret",
         "controlKeyId",
     )
     want = desired["spec"]
     have = current.get("spec") or {}
     changes = {k: want.get(k) for k in fields if want.get(k) != have.get(k)}
+    if not want.get("awaitStart") and not have.get("awaitStart"):
+        changes.pop("awaitStart", None)  # left out, or false by the schema's default
     return {"spec": changes} if changes else None
