@@ -244,9 +244,7 @@ class Supervisors:
         """
         stopped = _current(self._stopped, job_uid, attempt)
         staying = [
-            p
-            for p in pods
-            if p.slice_index not in recreated and (p.carried or p.attempt < attempt)
+            p for p in pods if p.slice_index not in recreated and (p.carried or p.attempt < attempt)
         ]
         older = [p for p in staying if p.uid not in stopped]
         if any(p.deleting for p in older):

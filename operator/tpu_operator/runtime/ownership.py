@@ -103,7 +103,6 @@ class SliceOwners:
             return FOREIGN
         return OWN if job_name == (job if job is not None else name) else FOREIGN
 
-
     def carried(self, owner: str | None, label: int) -> int:
         """The attempt a pod of the slice with UID ``owner`` belongs to, given its label's
         (``state.views.Carries``)."""
