@@ -23,6 +23,7 @@ from tpu_operator.builders.supervision import MAX_STOP_GRACE_SECONDS
 from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime.control import ControlError, ProcessState
+from tpu_operator.runtime.ownership import SliceOwners
 
 pytestmark = pytest.mark.unit
 
@@ -745,3 +746,60 @@ def test_a_slice_whose_vm_is_deleted_moves_to_a_free_pool():
     assert f"{pools[1]} has 1 of the 2 VMs its slice needs; moved to node pool p3" in moved
     kept = {n: u for n, u in uids.items() if n.startswith("j-0-")}
     assert {n: cluster.pods("j")[n]["metadata"]["uid"] for n in kept} == kept
+
+
+def new_operator(cluster: FakeCluster) -> None:
+    """The operator is SIGKILLed and another starts: what it remembered of the restart
+    (stops confirmed, starts sent) and of the slices' records is gone; it has only what
+    the API holds."""
+    assert cluster.ctx.supervisors is not None
+    cluster.ctx.supervisors = Supervisors(
+        cluster.ctx.supervisors.channel, cluster, clock=lambda: cluster.monotonic
+    )
+    cluster.caches.owners = SliceOwners()
+
+
+def test_a_mixed_restart_survives_new_operators_at_each_step_and_writes_no_pod():
+    """A new operator after the restart is committed, after the recreated slice's new
+    pods exist, and after the starts went out: the kept pods keep their UIDs and are
+    never written to, each pod of the recreated slice is created once, no process of
+    attempt 2 starts while one of attempt 1 runs, and the job runs attempt 2."""
+    cluster, channel = supervised_cluster()
+    uids = running_job(cluster, channel, slices=2)
+    kept = {n: u for n, u in uids.items() if n.startswith("j-0-")}
+    cluster.evict_pod("j-1-0")
+    cluster.reconcile_job("j")  # the restart is committed (and acted on once)
+    new_operator(cluster)
+    cluster.settle()
+    assert {attempts(cluster)[n] for n in kept} == {2}  # from the slice's record alone
+    cluster.confirm_deletions()
+    cluster.settle()
+    fresh = {n: p["metadata"]["uid"] for n, p in cluster.pods("j").items() if n.startswith("j-1-")}
+    assert len(fresh) == 2 and not set(fresh.values()) & set(uids.values())
+    new_operator(cluster)
+    cluster.run_pods("j")
+    for index, name in enumerate(sorted(fresh)):
+        pod = cluster.pods("j")[name]
+        pod["status"]["podIP"] = ip = f"10.0.1.{index + 1}"
+        pod["status"]["containerStatuses"] = [
+            {
+                "name": contract.WORKER_CONTAINER,
+                "state": {"running": {"startedAt": stamp(cluster.now)}},
+            }
+        ]
+        channel.processes[ip] = ProcessState("idle", 0)  # waiting for its start
+        set_ready(cluster, pod, False)
+    cluster.reconcile_job("j")  # the starts go out
+    new_operator(cluster)
+    for pod in cluster.pods("j").values():
+        set_ready(cluster, pod, True)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["phase"], status["attempt"], status["restarts"]) == ("Running", 2, 1)
+    pods = cluster.pods("j")
+    assert {n: p["metadata"]["uid"] for n, p in pods.items()} == {**kept, **fresh}
+    assert set(attempts(cluster).values()) == {2}
+    ips = {p["status"]["podIP"] for p in pods.values()}
+    assert all(channel.processes[ip].attempt == 2 and channel.processes[ip].running for ip in ips)
+    assert channel.starts_saw and all(channel.starts_saw)
+    assert pod_writes(cluster) == []
