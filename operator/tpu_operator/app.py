@@ -344,9 +344,15 @@ class Runtime:
         owners = self.caches.owners
         if not owners.known(body):
             return
-        uid = (body.get("metadata") or {}).get("uid")
+        meta = body.get("metadata") or {}
+        uid = meta.get("uid")
         store = self.pod_watch.store
-        for view in list(store.get(("owner", uid), ())):
+        # Its pods seen before it (filed under its UID) and its own (under its name).
+        seen = list(store.get(("owner", uid), ()))
+        seen += store.get(("slice", meta.get("namespace"), meta.get("name")), ())
+        for view in seen:
+            if view.owner != uid:
+                continue
             refiled = refile(view, owners)
             if refiled is not view:
                 store.put((view.namespace, view.name, view.uid), refiled)
