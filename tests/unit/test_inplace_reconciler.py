@@ -803,3 +803,44 @@ def test_a_mixed_restart_survives_new_operators_at_each_step_and_writes_no_pod()
     assert all(channel.processes[ip].attempt == 2 and channel.processes[ip].running for ip in ips)
     assert channel.starts_saw and all(channel.starts_saw)
     assert pod_writes(cluster) == []
+
+
+def test_a_new_pods_supervisor_not_listening_yet_is_started_on_a_later_pass():
+    """The recreated slice's pods run, but one supervisor has not bound its port yet: its
+    start fails to connect and is sent again on later passes (not an unreachable
+    supervisor, which would recreate every pod), until it answers."""
+    cluster, channel = supervised_cluster()
+    running_job(cluster, channel, slices=2)
+    cluster.evict_pod("j-1-0")
+    cluster.settle()
+    cluster.confirm_deletions()
+    cluster.settle()
+    fresh = sorted(n for n in cluster.pods("j") if n.startswith("j-1-"))
+    cluster.run_pods("j")
+    for index, name in enumerate(fresh):
+        pod = cluster.pods("j")[name]
+        pod["status"]["podIP"] = ip = f"10.0.1.{index + 1}"
+        pod["status"]["containerStatuses"] = [
+            {
+                "name": contract.WORKER_CONTAINER,
+                "state": {"running": {"startedAt": stamp(cluster.now)}},
+            }
+        ]
+        channel.processes[ip] = ProcessState("idle", 0)
+        set_ready(cluster, pod, False)
+    late = "10.0.1.1"
+    channel.unreachable.add(late)
+    for _ in range(5):
+        cluster.reconcile_job("j")
+        cluster.advance(1)
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["restartKind"]) == (2, "Mixed"), status.get("lastFailure")
+    assert not channel.processes[late].running
+    channel.unreachable.discard(late)  # its supervisor listens now
+    cluster.reconcile_job("j")
+    assert channel.processes[late] == ProcessState("running", 2)
+    for pod in cluster.pods("j").values():
+        set_ready(cluster, pod, True)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["phase"], status["attempt"], status["restarts"]) == ("Running", 2, 1)

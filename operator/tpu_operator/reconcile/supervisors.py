@@ -44,6 +44,9 @@ UNREACHABLE_AFTER = 3
 """Failed asks in a row before a supervisor counts as unreachable."""
 RETRY_SECONDS = 1.0
 """Before asking a supervisor again (after a failure, or while its answer is stale)."""
+START_PATIENCE_SECONDS = 30.0
+"""How long starts to a supervisor that cannot be reached are sent again before it counts
+as unreachable: a pod created for the restart may still be starting its supervisor."""
 RUNNING_RECHECK_SECONDS = 3.0
 """A supervisor that said "running" for a NotReady pod is asked again after this long."""
 
@@ -113,6 +116,8 @@ class _Asked:
     report: ProcessReport | None = None
     failures: int = 0
     at: float = 0.0
+    failing_since: float | None = None
+    """When starts to it began to fail (``START_PATIENCE_SECONDS``)."""
 
 
 @dataclass
@@ -149,7 +154,7 @@ class Supervisors:
         ask: list[PodView] = []
         retry: float | None = None
         for pod in pods:
-            if not pod.process_stopped:
+            if not pod.process_stopped or self._awaits_start(job_uid, pod):
                 self._asked.pop(pod.uid, None)
                 continue
             asked = self._asked.get(pod.uid)
@@ -185,6 +190,18 @@ class Supervisors:
                 if asked.report is not None and asked.report.attempt != pod.attempt:
                     retry = RETRY_SECONDS
         return reports, retry
+
+    def _awaits_start(self, job_uid: str, pod: PodView) -> bool:
+        """A pod created for the in-place restart this operator drives, whose supervisor
+        waits for its start: it has no process to report on (and may still be binding
+        its port). Starts that cannot reach it are retried (``START_PATIENCE_SECONDS``)."""
+        key = (job_uid, pod.attempt)
+        return (
+            key in self._stopped
+            and self._done.get(job_uid, 0) < pod.attempt
+            and not pod.carried
+            and pod.uid not in self._started.get(key, ())
+        )
 
     def _fresh(self, asked: _Asked, pod: PodView, now: float) -> bool:
         if asked.at == 0.0:
@@ -315,8 +332,14 @@ class Supervisors:
                 # The answer is the latest word on the process: no need to ask again.
                 self._asked[pod.uid] = _Asked(pod.not_ready_since, report_of(result), 0, now)
             elif isinstance(result, ControlError):
-                log.warning("starting attempt %d in pod %s: %s", attempt, pod.name, result)
                 asked = self._asked.setdefault(pod.uid, _Asked(pod.not_ready_since))
+                if asked.failing_since is None:
+                    asked.failing_since = now
+                if now - asked.failing_since < START_PATIENCE_SECONDS:
+                    # Sent again on the next pass (the job looks again within a second).
+                    log.info("starting attempt %d in pod %s: %s", attempt, pod.name, result)
+                    continue
+                log.warning("starting attempt %d in pod %s: %s", attempt, pod.name, result)
                 asked.failures = max(asked.failures + 1, UNREACHABLE_AFTER)
                 asked.report = ProcessReport(attempt=attempt, unreachable=str(result))
                 asked.at = now
