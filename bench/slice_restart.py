@@ -11,11 +11,12 @@ process of the next attempt runs and every pod of it is Ready is measured for:
   whose worker command is ``tpu-worker ...`` (failurePolicy.restartMode Auto), so its pods
   are supervised. The supervisors (and the kubelet's readiness prober) of the simulated
   pods are played by ``standin_supervisor.StandIn`` in this process (the real protocol on
-  every pod IP, the operator's signatures verified); a pod created anew has its process
-  of the attempt in its environment started at once, as the real supervisor starts its
-  child when its container starts. The operator recreates the pods of the lost pod's
+  every pod IP, the operator's signatures verified); a pod created anew while its job
+  restarts in place waits for the operator's start, as the real supervisor does
+  (``TPU_OPERATOR_AWAIT_START``). The operator recreates the pods of the lost pod's
   slice and restarts the other slices' processes in place. Done when the job is Running
-  as attempt 2 and every pod, labelled attempt 2, runs attempt 2 and is seen Ready. The
+  as attempt 2 and every pod runs attempt 2 and is seen Ready (the kept pods keep their
+  label, the attempt they were created for: their slice's record carries them). The
   trial fails unless the job's status says ``restartKind: Mixed`` and ``recreatedSlices``
   is the one slice, the other slices' pods kept their UIDs, and the slice's pods are new.
   The job's phase (Running as attempt 2) is recorded apart, waited for at most
@@ -343,17 +344,12 @@ async def trial_mixed(bench: Bench, hosts: int, rep: int, limit: float) -> dict[
         counts[event.kind] = counts.get(event.kind, 0) + 1
     starts = [p.started[2] for p in standin.of_job(name) if 2 in p.started]
     kept = set().union(*(v for k, v in before_uids.items() if k != lost))
-    relabelled = [
-        t
-        for uid in kept
-        if (t := next((t for t, label, _ in pods.timeline[uid] if label == "2"), None))
-    ]
+    relabelled = [uid for uid in kept if any(label == "2" for _, label, _ in pods.timeline[uid])]
     restart = {
         "committed": since(committed_at(jobs, name, failed, 2), failed),
         "first_stop": at("stop", 1),
         "last_stop": at("stop", 1, last=True),
-        "kept_first_relabelled": since(min(relabelled, default=None), failed),
-        "kept_all_relabelled": since(max(relabelled, default=None), failed),
+        "kept_relabelled": len(relabelled),
         "first_deleted": since(pods.at("deleting", "1", 2), failed),
         "all_deleted": since(pods.at("deleting", "1", HOSTS_PER_SLICE), failed),
         "old_gone": since(pods.at("gone", "1", HOSTS_PER_SLICE), failed),
@@ -573,8 +569,8 @@ def pick(trials: list[dict[str, Any]], variant: str, hosts: int) -> dict[int, di
 
 STEPS = {
     "mixed": (
-        "committed", "first_stop", "last_stop", "kept_first_relabelled",
-        "kept_all_relabelled", "first_deleted", "all_deleted", "old_gone", "all_new_created",
+        "committed", "first_stop", "last_stop", "first_deleted", "all_deleted", "old_gone",
+        "all_new_created",
         "all_new_running", "first_start", "last_start", "all_started", "all_new_ready",
         "job_running",
     ),

@@ -12,7 +12,8 @@ job's key ``derive_job_key(master, job_uid)``, its answers signed. Its "training
 process" is a state per pod with the real supervisor's rules (``tpu_worker.supervisor``):
 a stop ends the process of that attempt or older at once (409 for a newer one); a start
 runs the attempt unless that attempt or a newer one runs or ran (409 while an older one
-still runs).
+still runs); a pod created while its job restarts in place (``TPU_OPERATOR_AWAIT_START``)
+runs nothing until its start.
 
 It also plays the kubelet's readiness prober for those pods: whenever a process starts or
 ends it patches the pod's ``Ready`` and ``ContainersReady`` conditions (status
@@ -120,6 +121,17 @@ def pod_attempt(pod: dict[str, Any]) -> int:
     return 0
 
 
+def awaits_start(pod: dict[str, Any]) -> bool:
+    """The pod's supervisor waits for the operator's start (``contract.ENV_AWAIT_START``)."""
+    for container in pod["spec"].get("containers") or []:
+        if container.get("name") != contract.WORKER_CONTAINER:
+            continue
+        for env in container.get("env") or []:
+            if env.get("name") == contract.ENV_AWAIT_START:
+                return str(env.get("value") or "").lower() == "true"
+    return False
+
+
 def ready_patch(pod: dict[str, Any], ready: bool) -> dict[str, Any]:
     """The kubelet's status patch after a readiness probe changed its verdict."""
     since = stamp_now()
@@ -212,7 +224,11 @@ class StandIn:
             attempt=pod_attempt(pod),
             pod=pod,
         )
-        proc.started[proc.attempt] = time.monotonic()
+        if awaits_start(pod):  # created while its job restarts in place: no process yet
+            proc.state, proc.attempt = "idle", 0
+            self._readiness(proc)
+        else:
+            proc.started[proc.attempt] = time.monotonic()
         self.procs[uid] = proc
         self._spawn(self._listen(proc))
 

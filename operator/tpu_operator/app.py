@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -50,7 +49,7 @@ from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
 from tpu_operator.runtime.listwatch import NODES, PODS, Kind, ListWatch, OnEvent, Store
 from tpu_operator.runtime.metrics import OperatorMetrics
 from tpu_operator.runtime.metrics_server import Gate, MetricsServer
-from tpu_operator.runtime.ownership import slice_job_name
+from tpu_operator.runtime.ownership import refile, slice_job_name
 from tpu_operator.runtime.sampler import ProgressSampler
 from tpu_operator.runtime.workqueue import WorkQueue
 from tpu_operator.state.views import NodeView, PodView, pod_view
@@ -175,7 +174,7 @@ class Runtime:
             pods,
             self.pod_event,
             namespaces=config.namespaces,
-            view=lambda document: pod_view(document, owners.ownership),
+            view=lambda document: pod_view(document, owners.ownership, owners.carried),
         )
         self.node_watch = watch(NODES, nodes, self.node_event, on_listed=self._nodes_listed)
         self.audit = CacheAudit(
@@ -396,18 +395,22 @@ class Runtime:
 
     def slice_known(self, body: Any) -> None:
         """A TPUSlice was listed or changed (``slice_event``): pods seen before it, filed as
-        not the operator's, are its workers after all (``runtime/ownership.py``)."""
+        not the operator's, are its workers after all; and its pods belong to the attempt
+        its record says they were carried into (``runtime/ownership.py``)."""
         owners = self.caches.owners
         if not owners.known(body):
             return
-        uid = (body.get("metadata") or {}).get("uid")
+        meta = body.get("metadata") or {}
+        uid = meta.get("uid")
         store = self.pod_watch.store
-        for view in list(store.get(("owner", uid), ())):
-            ownership = owners.ownership(
-                view.owner, view.namespace, view.slice_name, view.job_name, view.deleting
-            )
-            if ownership != view.ownership:
-                refiled = dataclasses.replace(view, ownership=ownership)
+        # Its pods seen before it (filed under its UID) and its own (under its name).
+        seen = list(store.get(("owner", uid), ()))
+        seen += store.get(("slice", meta.get("namespace"), meta.get("name")), ())
+        for view in seen:
+            if view.owner != uid:
+                continue
+            refiled = refile(view, owners)
+            if refiled is not view:
                 store.put((view.namespace, view.name, view.uid), refiled)
                 self.pod_event(None, refiled)
 

@@ -261,6 +261,10 @@ ENV_CONTROL_KEY_FILE: Final = "TPU_OPERATOR_CONTROL_KEY_FILE"
 ENV_CONTROL_KEY_ID: Final = "TPU_OPERATOR_CONTROL_KEY_ID"
 # The pod's UID (downward API): every control request is signed for one pod.
 ENV_POD_UID: Final = "TPU_OPERATOR_POD_UID"
+# "true" in a pod created while its job restarts in place (a slice a mixed restart
+# recreates): the supervisor starts no training process until the operator's start
+# command, which comes once every worker of the attempt is ready for it.
+ENV_AWAIT_START: Final = "TPU_OPERATOR_AWAIT_START"
 # The env names that place a process in its job's world: they change when an attempt
 # runs on other slices (fewer or more of them, slices renumbered, another coordinator)
 # while a pod stays. The Megascale names exist only in a multislice world (UNSET_ENV).

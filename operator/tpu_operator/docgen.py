@@ -348,7 +348,9 @@ _OPERATOR_LABELS: dict[str, tuple[str, str]] = {
     "LABEL_WORKER_INDEX": ("worker pods", "Index of the worker (TPU VM) in its slice."),
     "LABEL_RESTART_ATTEMPT": (
         "worker pods",
-        "The attempt the pod runs; an in-place restart moves it to the next attempt.",
+        "The attempt the pod was created for. After an in-place restart the pod runs a later"
+        " one (its TPUSlice's `spec.attempt`; `spec.inPlaceFrom` says which pods it carries)"
+        "; the label is not rewritten.",
     ),
     "LABEL_MANAGED_BY": (
         "worker pods, TPUSlices, Services, control-key Secrets",

@@ -113,9 +113,14 @@ def test_a_worker_exit_restarts_every_process_in_the_same_pods(
     failure = status["lastFailure"]
     assert (failure["reason"], failure["exitCode"], failure["pod"]) == ("Failed", 1, "inplace-0-1")
     assert identities(tpu, namespace) == before, "the pods (UIDs, IPs) must be the same"
+    # Carried into attempt 2 by their slice's record; no pod is written to (each keeps the
+    # attempt it was created for).
     assert {
         p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in tpu.pods(namespace)
-    } == {"2"}
+    } == {"1"}
+    assert [
+        (s["spec"]["attempt"], s["spec"].get("inPlaceFrom")) for s in tpu.slices(namespace)
+    ] == [(2, 1)]
     events = tpu.wait_events(namespace, "inplace", "Restarting")
     assert "Restarting" in events
     # attempt 2 rendezvoused again, resumed from a checkpoint and trains on
@@ -273,7 +278,7 @@ def test_the_operator_killed_during_an_in_place_restart_converges(tpu, namespace
     tpu.apply(manifest)
     running_attempt(tpu, namespace, "interrupted", 1)
     before = identities(tpu, namespace)
-    # SIGKILL the moment the restart is committed: mid stop/relabel/start
+    # SIGKILL the moment the restart is committed: mid stop/start
     wait_until(
         lambda: tpu.status(namespace, "interrupted").get("attempt") == 2,
         timeout=120,

@@ -526,7 +526,7 @@ class FakeCluster:
                 node = node_view(obj)
                 kind, keys = "nodes", node_keys(node)
             elif "/pods/" in key:
-                view = pod_view(obj, owners.ownership)
+                view = pod_view(obj, owners.ownership, owners.carried)
                 if view is not None:  # the operator's own pod store, with its counts
                     pods.put(identity_of(obj), view)
                     self.ctx.pods_in_flight.seen(view)  # as the pod event handler does

@@ -3,8 +3,9 @@
 The supervisors are stood in for by ``FakeChannel``: one training process per pod IP
 with the states a real supervisor has (tests/worker/test_supervisor.py runs the real
 one). Each scenario checks what the job decides (kind, attempt, counting), what it does to
-the pods (stopped, relabelled, started; never deleted), the barrier (no start before
-every pod carries the new attempt), and each fallback to recreating the pods.
+the pods (stopped, carried into the next attempt by their slice's record, started; never
+deleted nor written to), the barrier (no start before every process of the old attempt
+stopped and every pod of the new one runs), and each fallback to recreating the pods.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tpu_operator.builders.supervision import MAX_STOP_GRACE_SECONDS
 from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime.control import ControlError, ProcessState
+from tpu_operator.runtime.ownership import SliceOwners
 
 pytestmark = pytest.mark.unit
 
@@ -100,6 +102,29 @@ class FakeChannel:
         if self.processes[ip].attempt < attempt:
             self.processes[ip] = ProcessState("running", attempt)
         return self.processes[ip]
+
+
+def attempts(cluster: FakeCluster) -> dict[str, int]:
+    """The attempt each pod of job "j" belongs to, as the operator's caches have it."""
+    cluster._index()
+    return {v.name: v.attempt for v in cluster.caches.pods_of_job(NS, "j")}
+
+
+def labels(cluster: FakeCluster) -> dict[str, str]:
+    """Each pod's restart-attempt label: the attempt it was created for."""
+    return {
+        n: p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT]
+        for n, p in cluster.pods("j").items()
+    }
+
+
+def pod_writes(cluster: FakeCluster) -> list[str]:
+    """The PATCHes and PUTs of pods (not their status: the kubelet's) the operator sent."""
+    return [
+        f"{r.verb} {r.path}"
+        for r in cluster.requests
+        if r.verb in ("PATCH", "PUT") and "/pods/" in r.path and not r.path.endswith("/status")
+    ]
 
 
 def restarting_event(cluster: FakeCluster) -> str:
@@ -241,10 +266,7 @@ def test_a_stop_answered_stopping_is_asked_again_before_anything_moves():
     cluster.reconcile_job("j")  # the restart is committed
     cluster.reconcile_job("j")  # stops sent: j-0-1 answers "stopping"
     assert not [c for c in channel.calls if c[0] == "start"]
-    labels = {
-        p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in cluster.pods("j").values()
-    }
-    assert "1" in labels  # j-0-1 is not moved while its process of attempt 1 runs
+    assert channel.processes[ip1].running  # its process of attempt 1 still runs
     cluster.settle()
     assert [c[0] for c in channel.calls if c[1] == ip1 and c[0] == "stop"] == ["stop"] * 3
     assert all(channel.starts_saw) and channel.starts_saw
@@ -332,10 +354,15 @@ def test_a_process_exit_restarts_every_process_in_the_same_pods():
     assert status["lastFailure"]["exitCode"] == 1
     assert status["lastFailure"]["reason"] == "Failed"
     assert (status["restarts"], status["countedRestarts"], status["inPlaceRestarts"]) == (1, 1, 1)
-    # the same pods, moved to attempt 2, never deleted; every process of 2 started
+    # the same pods, carried into attempt 2 by their slice's record (no pod written to),
+    # never deleted; every process of 2 started
     pods = cluster.pods("j")
     assert {n: p["metadata"]["uid"] for n, p in pods.items()} == uids
-    assert {p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in pods.values()} == {"2"}
+    assert set(attempts(cluster).values()) == {2}
+    assert set(labels(cluster).values()) == {"1"}
+    slice_spec = cluster.slice("j-0")["spec"]
+    assert (slice_spec["attempt"], slice_spec["inPlaceFrom"]) == (2, 1)
+    assert pod_writes(cluster) == []
     assert not any(p["metadata"].get("deletionTimestamp") for p in pods.values())
     assert sorted(c[0] for c in channel.calls if c[0] != "status") == [
         "start",
@@ -583,11 +610,14 @@ def test_a_pod_lost_in_one_slice_recreates_that_slice_and_restarts_the_other_in_
         restarting_event(cluster)
     )
     assert "slice 0 in place" in restarting_event(cluster)
-    # Slice 0's processes were stopped and its pods moved to attempt 2; slice 1's pods of
-    # attempt 1 are being deleted. Nothing starts while a pod of attempt 1 is left.
+    # Slice 0's processes were stopped and its pods carried into attempt 2 (by its
+    # slice's record; no pod written to); slice 1's pods of attempt 1 are being deleted.
+    # Nothing starts while a pod of attempt 1 is left.
     pods = cluster.pods("j")
     assert {n: pods[n]["metadata"]["uid"] for n in kept} == kept
-    assert {pods[n]["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for n in kept} == {"2"}
+    assert {attempts(cluster)[n] for n in kept} == {2}
+    assert {labels(cluster)[n] for n in kept} == {"1"}
+    assert pod_writes(cluster) == []
     assert all(pods[n]["metadata"].get("deletionTimestamp") for n in ("j-1-0", "j-1-1"))
     assert {ip for verb, ip, _ in channel.calls if verb == "stop"} == kept_ips
     assert not [c for c in channel.calls if c[0] == "start"]
@@ -602,9 +632,13 @@ def test_a_pod_lost_in_one_slice_recreates_that_slice_and_restarts_the_other_in_
     assert {p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] for p in fresh.values()} == {
         "2"
     }
+    for pod in fresh.values():  # their supervisors wait for the operator's start
+        (worker,) = pod["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in worker["env"]}
+        assert env[contract.ENV_AWAIT_START] == "true"
     assert not [c for c in channel.calls if c[0] == "start"]
     assert cluster.job("j")["status"]["phase"] != "Running"
-    # The new pods run (their supervisors start attempt 2 on their own): slice 0 starts.
+    # The new pods run, their supervisors waiting: every pod is started.
     cluster.run_pods("j")
     for index, name in enumerate(sorted(fresh)):
         pod = cluster.pods("j")[name]
@@ -615,8 +649,9 @@ def test_a_pod_lost_in_one_slice_recreates_that_slice_and_restarts_the_other_in_
                 "state": {"running": {"startedAt": stamp(cluster.now)}},
             }
         ]
-        channel.processes[ip] = ProcessState("running", 2)
-        set_ready(cluster, pod, True)
+        channel.processes[ip] = ProcessState("idle", 0)
+        set_ready(cluster, pod, False)
+    fresh_ips = {cluster.pods("j")[n]["status"]["podIP"] for n in fresh}
     assert not any(channel.processes[ip].running for ip in kept_ips)
     # The pass that sends the starts wrote Starting; nothing about the pods changes after
     # it (a started process's pod stays Ready), so it asks to look again at once.
@@ -624,12 +659,14 @@ def test_a_pod_lost_in_one_slice_recreates_that_slice_and_restarts_the_other_in_
     assert [c for c in channel.calls if c[0] == "start"]
     assert cluster.job("j")["status"]["phase"] == "Starting"
     assert requeue is not None and requeue <= MIN_REQUEUE_SECONDS
+    for name in fresh:  # the started processes' readiness
+        set_ready(cluster, cluster.pods("j")[name], True)
     cluster.reconcile_job("j")
     assert cluster.job("j")["status"]["phase"] == "Running"
     cluster.settle()
     starts = [c for c in channel.calls if c[0] == "start"]
-    assert {ip for _, ip, _ in starts} == kept_ips, starts  # the new pods start themselves
-    assert all(channel.processes[ip].attempt == 2 for ip in kept_ips)
+    assert {ip for _, ip, _ in starts} == kept_ips | fresh_ips, starts
+    assert all(channel.processes[ip].attempt == 2 for ip in kept_ips | fresh_ips)
     assert all(channel.starts_saw) and channel.starts_saw
     status = cluster.job("j")["status"]
     assert status["phase"] == "Running" and status["attempt"] == 2
@@ -709,3 +746,101 @@ def test_a_slice_whose_vm_is_deleted_moves_to_a_free_pool():
     assert f"{pools[1]} has 1 of the 2 VMs its slice needs; moved to node pool p3" in moved
     kept = {n: u for n, u in uids.items() if n.startswith("j-0-")}
     assert {n: cluster.pods("j")[n]["metadata"]["uid"] for n in kept} == kept
+
+
+def new_operator(cluster: FakeCluster) -> None:
+    """The operator is SIGKILLed and another starts: what it remembered of the restart
+    (stops confirmed, starts sent) and of the slices' records is gone; it has only what
+    the API holds."""
+    assert cluster.ctx.supervisors is not None
+    cluster.ctx.supervisors = Supervisors(
+        cluster.ctx.supervisors.channel, cluster, clock=lambda: cluster.monotonic
+    )
+    cluster.caches.owners = SliceOwners()
+
+
+def test_a_mixed_restart_survives_new_operators_at_each_step_and_writes_no_pod():
+    """A new operator after the restart is committed, after the recreated slice's new
+    pods exist, and after the starts went out: the kept pods keep their UIDs and are
+    never written to, each pod of the recreated slice is created once, no process of
+    attempt 2 starts while one of attempt 1 runs, and the job runs attempt 2."""
+    cluster, channel = supervised_cluster()
+    uids = running_job(cluster, channel, slices=2)
+    kept = {n: u for n, u in uids.items() if n.startswith("j-0-")}
+    cluster.evict_pod("j-1-0")
+    cluster.reconcile_job("j")  # the restart is committed (and acted on once)
+    new_operator(cluster)
+    cluster.settle()
+    assert {attempts(cluster)[n] for n in kept} == {2}  # from the slice's record alone
+    cluster.confirm_deletions()
+    cluster.settle()
+    fresh = {n: p["metadata"]["uid"] for n, p in cluster.pods("j").items() if n.startswith("j-1-")}
+    assert len(fresh) == 2 and not set(fresh.values()) & set(uids.values())
+    new_operator(cluster)
+    cluster.run_pods("j")
+    for index, name in enumerate(sorted(fresh)):
+        pod = cluster.pods("j")[name]
+        pod["status"]["podIP"] = ip = f"10.0.1.{index + 1}"
+        pod["status"]["containerStatuses"] = [
+            {
+                "name": contract.WORKER_CONTAINER,
+                "state": {"running": {"startedAt": stamp(cluster.now)}},
+            }
+        ]
+        channel.processes[ip] = ProcessState("idle", 0)  # waiting for its start
+        set_ready(cluster, pod, False)
+    cluster.reconcile_job("j")  # the starts go out
+    new_operator(cluster)
+    for pod in cluster.pods("j").values():
+        set_ready(cluster, pod, True)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["phase"], status["attempt"], status["restarts"]) == ("Running", 2, 1)
+    pods = cluster.pods("j")
+    assert {n: p["metadata"]["uid"] for n, p in pods.items()} == {**kept, **fresh}
+    assert set(attempts(cluster).values()) == {2}
+    ips = {p["status"]["podIP"] for p in pods.values()}
+    assert all(channel.processes[ip].attempt == 2 and channel.processes[ip].running for ip in ips)
+    assert channel.starts_saw and all(channel.starts_saw)
+    assert pod_writes(cluster) == []
+
+
+def test_a_new_pods_supervisor_not_listening_yet_is_started_on_a_later_pass():
+    """The recreated slice's pods run, but one supervisor has not bound its port yet: its
+    start fails to connect and is sent again on later passes (not an unreachable
+    supervisor, which would recreate every pod), until it answers."""
+    cluster, channel = supervised_cluster()
+    running_job(cluster, channel, slices=2)
+    cluster.evict_pod("j-1-0")
+    cluster.settle()
+    cluster.confirm_deletions()
+    cluster.settle()
+    fresh = sorted(n for n in cluster.pods("j") if n.startswith("j-1-"))
+    cluster.run_pods("j")
+    for index, name in enumerate(fresh):
+        pod = cluster.pods("j")[name]
+        pod["status"]["podIP"] = ip = f"10.0.1.{index + 1}"
+        pod["status"]["containerStatuses"] = [
+            {
+                "name": contract.WORKER_CONTAINER,
+                "state": {"running": {"startedAt": stamp(cluster.now)}},
+            }
+        ]
+        channel.processes[ip] = ProcessState("idle", 0)
+        set_ready(cluster, pod, False)
+    late = "10.0.1.1"
+    channel.unreachable.add(late)
+    for _ in range(5):
+        cluster.reconcile_job("j")
+        cluster.advance(1)
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["restartKind"]) == (2, "Mixed"), status.get("lastFailure")
+    assert not channel.processes[late].running
+    channel.unreachable.discard(late)  # its supervisor listens now
+    cluster.reconcile_job("j")
+    assert channel.processes[late] == ProcessState("running", 2)
+    for pod in cluster.pods("j").values():
+        set_ready(cluster, pod, True)
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["phase"], status["attempt"], status["restarts"]) == ("Running", 2, 1)

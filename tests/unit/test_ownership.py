@@ -140,6 +140,33 @@ def test_a_pod_seen_before_its_slice_is_filed_again_as_the_operators(tmp_path: P
     assert store.get(("foreign-pool", "p1")) is None
 
 
+def test_a_slices_pods_are_filed_again_when_it_carries_them_into_another_attempt(
+    tmp_path: Path,
+):
+    """The job writes once on the slice that its pods belong to attempt 2 (in place): the
+    operator's cached views, indexes and counts follow at once, with no write to a pod."""
+    runtime = started(tmp_path / "kubeconfig", {"jobs": {}, "slices": {}})
+    owners = runtime.caches.owners
+    runtime.slice_known(slice_body("j-0", "s0", ("j", "ju")))
+    store = runtime.pod_watch.store
+    for name in ("j-0-0", "j-0-1"):
+        view = pod_view(raw_pod(name, "s0"), owners.ownership, owners.carried)
+        assert view is not None
+        store.put(("ml", name, f"u-{name}"), view)
+    assert set(runtime.caches.attempts_of_job("ml", "j")) == {1}
+    carried = slice_body("j-0", "s0", ("j", "ju"))
+    carried["spec"] = {"attempt": 2, "inPlaceFrom": 1}
+    runtime.slice_known(carried)
+    assert set(runtime.caches.attempts_of_job("ml", "j")) == {2}
+    pods = runtime.caches.pods_of_slice("ml", "j-0")
+    assert {(p.attempt, p.label_attempt, p.carried) for p in pods} == {(2, 1, True)}
+    # Recreated as attempt 3: its record carries nothing, the pods are attempt 1's again.
+    recreated = slice_body("j-0", "s0", ("j", "ju"))
+    recreated["spec"] = {"attempt": 3}
+    runtime.slice_known(recreated)
+    assert set(runtime.caches.attempts_of_job("ml", "j")) == {1}
+
+
 def test_the_templates_operator_labels_and_annotations_are_not_passed_through():
     template = {
         "metadata": {

@@ -24,6 +24,8 @@ from tpu_worker.reporting import CHECKPOINT_LEAD_STEPS, Reporter, agreed_step
 from tpu_worker.supervisor import (
     Action,
     Child,
+    Supervisor,
+    awaits_start,
     child_env,
     decide_checkpoint,
     decide_start,
@@ -421,3 +423,27 @@ def test_a_start_moves_a_kept_pods_process_into_a_changed_world(
     assert env.pop(contract.ENV_SUPERVISED_CHILD) == "1"
     assert env == resolved_env(after, "10.0.0.7")
     assert env != pod_env
+
+
+@pytest.mark.parametrize(
+    ("value", "waits"),
+    [(None, False), ("", False), ("false", False), ("true", True), ("True", True)],
+)
+def test_a_pod_created_mid_restart_waits_for_the_start(value: str | None, waits: bool) -> None:
+    env = {} if value is None else {contract.ENV_AWAIT_START: value}
+    assert awaits_start(env) is waits
+
+
+def test_a_waiting_supervisor_starts_nothing_until_told() -> None:
+    """No child (it would be ``python -m tpu_worker``) until a start command; SIGTERM
+    while waiting ends the supervisor as a stop asked from outside."""
+    supervisor = Supervisor(["demo"], {contract.ENV_AWAIT_START: "true"}, 5.0)
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(supervisor.run(60.0, poll_s=0.05)))
+    thread.start()
+    time.sleep(0.3)
+    status = supervisor.status()
+    assert (status.state, status.attempt, supervisor.ready()) == ("idle", 0, False)
+    supervisor.terminate()
+    thread.join(5)
+    assert codes == [contract.EXIT_RETRYABLE]

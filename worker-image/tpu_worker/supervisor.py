@@ -7,6 +7,10 @@ channel (``tpu_worker.control``) and runs the same command line as a child proce
 ordinary worker. The operator stops the child of a failed attempt and starts the next
 attempt in the same pod (in-place gang restart). This process never imports JAX.
 
+In a pod created while its job restarts in place (``contract.ENV_AWAIT_START``) the
+supervisor starts no child until the operator's start command: the new attempt's
+processes start together, once every process of the previous one stopped.
+
 Exit: the child's exit 0 ends the supervisor with 0. A failed child is kept as "exited"
 while the supervisor waits up to ``contract.ENV_SUPERVISOR_WAIT`` seconds for a start
 command, then exits with the child's code (the pod fails; the operator recreates pods).
@@ -186,6 +190,12 @@ def is_ready(child: Child | None, held_until: float | None, now: float) -> bool:
     if held_until is not None and now < held_until:
         return True
     return child is not None and child.running and not child.stopping
+
+
+def awaits_start(env: Mapping[str, str]) -> bool:
+    """The pod was created while its job restarts in place: no training process before
+    the operator's start command (``contract.ENV_AWAIT_START``)."""
+    return env.get(contract.ENV_AWAIT_START, "").strip().lower() == "true"
 
 
 def attempt_of(env: Mapping[str, str]) -> int:
@@ -388,9 +398,13 @@ class Supervisor:
         return self._terminating or self._pending is not None or (ended and not waiting)
 
     def run(self, wait_s: float, poll_s: float = 0.2) -> int:
-        """Start the first child and supervise until the supervisor should exit."""
+        """Start the first child (or, in a pod created while its job restarts in place,
+        wait for the start command) and supervise until the supervisor should exit."""
         with self._lock:
-            self._spawn(attempt_of(self._env), {})
+            if awaits_start(self._env):
+                log.info("waiting for the operator's start command (%s)", contract.ENV_AWAIT_START)
+            else:
+                self._spawn(attempt_of(self._env), {})
             deadline: float | None = None  # of the wait for a start after a failure
             while not self._terminating:
                 waiting = deadline is not None

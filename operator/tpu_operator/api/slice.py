@@ -64,8 +64,15 @@ class TPUSliceSpec(ShapeFields):
     not_before: str | None = None
     """Set by the owning TPUJob: create no pods before this time (restart backoff)."""
     in_place_from: int | None = Field(default=None, ge=0, le=MAX_ATTEMPT)
-    """Set by the owning TPUJob during an in-place restart: the attempt whose pods the job
-    carries into ``attempt`` (the slice neither deletes them nor creates others)."""
+    """Set by the owning TPUJob while it keeps this slice's pods across in-place restarts:
+    the pods created for any attempt from this one to ``attempt - 1`` belong to
+    ``attempt`` (the job restarts their training processes in place; their
+    restart-attempt label keeps the attempt they were created for). The slice neither
+    deletes them nor creates others."""
+    await_start: bool = False
+    """Set by the owning TPUJob while it restarts in place: the supervisors of the pods
+    this slice creates start no training process until the job's start command, which
+    comes once every process of the previous attempt stopped."""
     control_key_secret: str | None = Field(default=None, max_length=253)
     """Set by the owning TPUJob when its restarts may run in place: the Secret with the
     control-channel key, mounted into the supervised worker containers."""

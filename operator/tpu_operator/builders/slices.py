@@ -21,6 +21,7 @@ def job_slice(
     suspend: bool,
     extra_labels: dict[str, str] | None = None,
     in_place_from: int | None = None,
+    await_start: bool = False,
     control_key_secret: str | None = None,
     control_key_id: str | None = None,
     world: list[int] | None = None,
@@ -59,6 +60,8 @@ def job_slice(
         spec["notBefore"] = not_before
     if in_place_from is not None:
         spec["inPlaceFrom"] = in_place_from
+    if await_start:
+        spec["awaitStart"] = True
     if control_key_secret:
         spec["controlKeySecret"] = control_key_secret
     if control_key_id:
@@ -89,7 +92,8 @@ def job_slice(
 def slice_patch(
     desired: dict[str, Any], current: dict[str, Any], *, placement: bool = False
 ) -> dict[str, Any] | None:
-    """Merge patch bringing an existing slice's job-managed fields to ``desired``.
+    """Merge patch bringing an existing slice's job-managed fields to ``desired`` (a field
+    ``desired`` leaves out is removed: null in a merge patch).
 
     Only the fields the job manages at run time (attempt, backoff, suspension, node pool,
     in-place restart; the placement too when ``placement``: a job that fell back to
@@ -102,6 +106,7 @@ def slice_patch(
         "suspend",
         "nodePool",
         "inPlaceFrom",
+        "awaitStart",
         "controlKeySecret",
         "controlKeyId",
         "worldSlices",
@@ -115,4 +120,6 @@ def slice_patch(
         # a merge patch: the keys the step drops are set to null
         dropped = {k: None for k in have.get("placement") or {} if k not in changes["placement"]}
         changes["placement"] = {**dropped, **changes["placement"]}
+    if not want.get("awaitStart") and not have.get("awaitStart"):
+        changes.pop("awaitStart", None)  # left out, or false by the schema's default
     return {"spec": changes} if changes else None

@@ -48,6 +48,9 @@ class Supervision:
     key_id: str
     """The id of that key (``supervision.key_id``): the only key the supervisor uses."""
     port: int = contract.DEFAULT_CONTROL_PORT
+    await_start: bool = False
+    """The supervisor starts no training process until the operator's start command (a
+    pod created while its job restarts in place)."""
 
 
 def runs_supervisor(template: dict[str, Any], mode: str) -> bool:
@@ -136,7 +139,12 @@ def key_secret(
 def supervise_container(container: dict[str, Any], how: Supervision) -> dict[str, Any]:
     """The worker container with the control port, its env, readiness probe and key."""
     worker = copy.deepcopy(container)
-    ours = (contract.ENV_CONTROL_PORT, contract.ENV_CONTROL_KEY_ID, contract.ENV_POD_UID)
+    ours = (
+        contract.ENV_CONTROL_PORT,
+        contract.ENV_CONTROL_KEY_ID,
+        contract.ENV_POD_UID,
+        contract.ENV_AWAIT_START,
+    )
     env = [e for e in worker.get("env") or [] if e.get("name") not in ours]
     worker["env"] = [
         *env,
@@ -144,6 +152,8 @@ def supervise_container(container: dict[str, Any], how: Supervision) -> dict[str
         {"name": contract.ENV_CONTROL_KEY_ID, "value": how.key_id},
         {"name": contract.ENV_POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
     ]
+    if how.await_start:
+        worker["env"].append({"name": contract.ENV_AWAIT_START, "value": "true"})
     ports = [p for p in worker.get("ports") or [] if p.get("name") != contract.PORT_NAME_CONTROL]
     ports.append({"name": contract.PORT_NAME_CONTROL, "containerPort": how.port, "protocol": "TCP"})
     worker["ports"] = ports

@@ -56,3 +56,29 @@ def failure(
         None,
         None,
     )
+
+
+def carried_from(
+    *,
+    attempt: int,
+    moving_in_place: bool,
+    recreated: bool,
+    slice_attempt: int | None,
+    slice_from: int | None,
+) -> int | None:
+    """``inPlaceFrom`` of a job's slice at ``attempt``: the first attempt whose pods the
+    slice carries into ``attempt`` in place (None: none, its pods are the attempt's own).
+
+    The slice's record is the durable word on which attempt its pods belong to (their
+    labels keep the attempt they were created for): it is kept for as long as the slice
+    keeps its pods, and written once when the slice moves to a new attempt.
+    ``slice_attempt`` and ``slice_from``: what the slice says now (None: no slice yet).
+    ``moving_in_place``: the job's committed attempt restarts in place (``restarting_in_place``);
+    ``recreated``: a mixed restart recreates this slice's pods."""
+    if slice_attempt is None:
+        return None
+    if slice_attempt >= attempt:
+        return slice_from  # moved already: written for this attempt
+    if not moving_in_place or recreated:
+        return None
+    return slice_from if slice_from is not None else slice_attempt

@@ -59,7 +59,7 @@ from tpu_operator.policies import (
     waits,
 )
 from tpu_operator.policies.admission import Admission
-from tpu_operator.policies.in_place import restarting_in_place
+from tpu_operator.policies.in_place import carried_from, restarting_in_place
 from tpu_operator.policies.plan import (
     MIN_REQUEUE_SECONDS,
     Act,
@@ -527,9 +527,9 @@ class JobRun:
         )
 
     async def _restart_in_place(self, attempt: int) -> None:
-        """Stop and move every pod of the previous attempt that stays (all, or those of
-        the slices a mixed restart does not recreate), then start this one (each pass
-        idempotent; reconcile/supervisors.py)."""
+        """Stop every process of the previous attempt in the pods that stay (all, or
+        those of the slices a mixed restart does not recreate), then start this one in
+        every pod (each pass idempotent; reconcile/supervisors.py)."""
         supervisors = self.ctx.supervisors
         if supervisors is None:
             return
@@ -539,9 +539,9 @@ class JobRun:
         started_before = self.world.in_place_started(attempt)
         done = await supervisors.restart_in_place(
             job_uid=facts.uid,
-            namespace=facts.namespace,
             pods=facts.pods,
             attempt=attempt,
+            members=facts.spec.num_slices * facts.shape.hosts,
             recreated=frozenset(plan.status.recreated_slices or ()),
             hosts=facts.shape.hosts,
             grace_seconds=stop_grace(template_spec),
@@ -604,7 +604,7 @@ class JobRun:
         await self.ctx.ensure_service(facts.namespace, service)
         control = await self._ensure_control_key() if facts.supervised else None
         secret, key_id = control if control is not None else (None, None)
-        in_place_from = attempt - 1 if restarting_in_place(plan.status) else None
+        moving_in_place = restarting_in_place(plan.status)
         recreated = set(plan.status.recreated_slices or ())
         node_pools = plan.status.node_pools or []
         dropped = self._dropped()
@@ -620,6 +620,8 @@ class JobRun:
         # of the slices before it in the client's queue, leaving it idle between slices.
         writes: list[Awaitable[Any]] = []
         for index in range(facts.spec.num_slices):
+            current = facts.slices.get(index)
+            current_spec = (current or {}).get("spec") or {}
             desired = job_slice(
                 job_name=facts.name,
                 namespace=facts.namespace,
@@ -631,12 +633,18 @@ class JobRun:
                 not_before=plan.status.restart_at,
                 suspend=index in dropped,
                 extra_labels=self._extra_labels(),
-                in_place_from=None if index in recreated else in_place_from,
+                in_place_from=carried_from(
+                    attempt=attempt,
+                    moving_in_place=moving_in_place,
+                    recreated=index in recreated,
+                    slice_attempt=None if current is None else current_spec.get("attempt", 0),
+                    slice_from=current_spec.get("inPlaceFrom"),
+                ),
+                await_start=moving_in_place,
                 control_key_secret=secret,
                 control_key_id=key_id,
                 world=world,
             )
-            current = facts.slices.get(index)
             if current is None:
                 writes.append(self.ctx.kube.create(_slices_path(facts.namespace), desired))
                 continue

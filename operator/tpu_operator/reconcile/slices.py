@@ -2,11 +2,15 @@
 
 Rules, applied on every reconcile from the watch caches (level-triggered):
 
-1. Pods of any other attempt are deleted, except those the job restarts in place into
-   the current attempt (``spec.inPlaceFrom``: the job stops, relabels and restarts them).
+1. Pods of any other attempt are deleted. Pods the job carries into the current attempt
+   in place (created for an attempt from ``spec.inPlaceFrom`` on) belong to it: the job
+   stops their processes and starts the current attempt's in them.
 2. Pods of the current attempt are created only when no pod of an older attempt is left
    anywhere in the gang (every slice of the job, for a job-owned slice), and not before
-   the restart backoff ends: no straggler of attempt N ever meets attempt N+1.
+   the restart backoff ends: no straggler of attempt N ever meets attempt N+1. Pods
+   carried in place count as the current attempt's; while the job restarts in place
+   (``spec.awaitStart``) the new pods' supervisors start nothing until the job's start
+   command, which comes once every carried process stopped.
 3. A pod of the current attempt is created once. A pod that disappears after all pods of
    the attempt were seen ends the attempt (it is not silently replaced).
 4. A suspended slice (or one whose job is suspended or finished) deletes its running
@@ -84,7 +88,7 @@ from tpu_operator.state.gang import (
     scheduler_wait,
     stopping_count,
 )
-from tpu_operator.state.views import PodView
+from tpu_operator.state.views import PodView, carried_attempt
 
 log = logging.getLogger(__name__)
 
@@ -500,17 +504,21 @@ class SliceRun:
         return refs[0]
 
     async def _delete_stale(self, state: GangState) -> None:
-        """Delete the pods of earlier attempts (except those the job restarts in place,
-        ``spec.inPlaceFrom``): one DELETE per pod, all at once (bounded by
-        the client's concurrency), each guarded by the pod's UID. The apiserver works
-        through a collection DELETE one pod at a time; separate DELETEs let it use all its
-        workers (at 256 hosts the old pods were gone in 60 % of the time)."""
+        """Delete the pods of earlier attempts (not those the job carries in place,
+        ``spec.inPlaceFrom``, whatever the cache shows yet): one DELETE per pod, all at
+        once (bounded by the client's concurrency), each guarded by the pod's UID. The
+        apiserver works through a collection DELETE one pod at a time; separate DELETEs
+        let it use all its workers (at 256 hosts the old pods were gone in 60 % of the
+        time)."""
         deleted = self.ctx.deleted_pods
-        carried = self.spec.in_place_from if self.managed else None
+        spec = self.spec
+        carried_from = spec.in_place_from if self.managed else None
         doomed = [
             p
             for p in state.stale
-            if not p.deleting and not deleted.awaited(p.uid) and p.attempt != carried
+            if not p.deleting
+            and not deleted.awaited(p.uid)
+            and carried_attempt(p.attempt, spec.attempt, carried_from) != spec.attempt
         ]
         await send_all(self._delete(p) for p in doomed)
         await self._force_stuck([p for p in state.stale if p.deleting])
@@ -644,7 +652,9 @@ class SliceRun:
         path = namespaced(self.namespace, "pods")
         secret = spec.control_key_secret if self.managed else None
         key_id = spec.control_key_id
-        supervised = Supervision(secret, key_id) if secret and key_id else None
+        supervised = (
+            Supervision(secret, key_id, await_start=spec.await_start) if secret and key_id else None
+        )
         in_flight = self.ctx.pods_in_flight
         holder = job_holder(self.namespace, self.job_name) if self.job_name else self.holder
 

@@ -8,11 +8,15 @@ Two halves, both driven by the TPUJob reconciler:
   readiness transition; the answers are the gang assessment's ``reports``. A supervisor
   that does not answer three times in a row is reported unreachable (the next attempt
   then recreates the pods).
-- **The restart.** For a job whose committed status says "attempt N+1, in place", every
-  pod of attempt N is stopped (``stop`` for N: the supervisor sends SIGTERM, and SIGKILL
-  after the pod's termination grace; it answers ``stopping`` until the process ended, and
-  is asked again on the next pass) and then relabelled to attempt N+1. Only when
-  every pod of the job carries N+1 (so every process of N has stopped: the barrier) and
+- **The restart.** For a job whose committed status says "attempt N+1, in place", the
+  job writes once per slice that its pods are carried into N+1 (``TPUSlice.spec``
+  ``attempt`` and ``inPlaceFrom``; a pod's label keeps the attempt it was created for, and
+  every reader takes its attempt from the slice's record: ``state.views.carried_attempt``).
+  Every carried pod's process of N is stopped (``stop`` for N: the supervisor sends
+  SIGTERM, and SIGKILL after the pod's termination grace; it answers ``stopping`` until
+  the process ended, and is asked again on the next pass). In a mixed restart the
+  recreated slices create their new pods meanwhile, whose supervisors wait for a start.
+  Only when every carried process has stopped, every pod of N+1 runs (the barrier) and
   the restart backoff has passed, each supervisor is told to ``start`` N+1. Each step is
   idempotent, so a reconcile cut short (or a new operator) just does it again. A stop
   that fails ends the in-place restart: the job records a failure of attempt N+1 and
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 
 from tpu_operator import contract
 from tpu_operator.runtime.control import ControlChannel, ControlError, ProcessState
-from tpu_operator.runtime.kube import ApiError, Kube, namespaced, send_all
+from tpu_operator.runtime.kube import Kube
 from tpu_operator.state.gang import ProcessReport
 from tpu_operator.state.views import PodView
 
@@ -40,6 +44,9 @@ UNREACHABLE_AFTER = 3
 """Failed asks in a row before a supervisor counts as unreachable."""
 RETRY_SECONDS = 1.0
 """Before asking a supervisor again (after a failure, or while its answer is stale)."""
+START_PATIENCE_SECONDS = 30.0
+"""How long starts to a supervisor that cannot be reached are sent again before it counts
+as unreachable: a pod created for the restart may still be starting its supervisor."""
 RUNNING_RECHECK_SECONDS = 3.0
 """A supervisor that said "running" for a NotReady pod is asked again after this long."""
 
@@ -72,6 +79,19 @@ def runs(pod: PodView) -> bool:
     return pod.phase == "Running" and pod.pod_ip is not None and not pod.deleting
 
 
+def gang_runs(pods: Iterable[PodView], attempt: int, members: int) -> bool:
+    """Every one of the ``members`` pods of ``attempt`` runs, and no pod of an older
+    attempt is left (a pod carried in place counts as ``attempt``'s once its slice's
+    record is seen)."""
+    running: set[str] = set()
+    for pod in pods:
+        if pod.attempt < attempt:
+            return False
+        if pod.attempt == attempt and runs(pod):
+            running.add(pod.name)
+    return len(running) >= members
+
+
 def recreated_ready(
     pods: Iterable[PodView], recreated: frozenset[int], attempt: int, hosts: int
 ) -> bool:
@@ -96,6 +116,8 @@ class _Asked:
     report: ProcessReport | None = None
     failures: int = 0
     at: float = 0.0
+    failing_since: float | None = None
+    """When starts to it began to fail (``START_PATIENCE_SECONDS``)."""
 
 
 @dataclass
@@ -110,9 +132,6 @@ class Supervisors:
     _stopped: dict[tuple[str, int], set[str]] = field(default_factory=dict)
     """Pods (UIDs) whose supervisor confirmed no process older than the restart's attempt
     runs, per restart."""
-    _moved: dict[tuple[str, int], set[str]] = field(default_factory=dict)
-    """Pods (UIDs) relabelled to the restart's attempt (the caches may still show the old
-    label for a moment)."""
     _fallbacks: dict[tuple[str, int], str] = field(default_factory=dict)
     _done: dict[str, int] = field(default_factory=dict)
     """The last attempt each job's in-place restart started in every pod that stays."""
@@ -135,7 +154,7 @@ class Supervisors:
         ask: list[PodView] = []
         retry: float | None = None
         for pod in pods:
-            if not pod.process_stopped:
+            if not pod.process_stopped or self._awaits_start(job_uid, pod):
                 self._asked.pop(pod.uid, None)
                 continue
             asked = self._asked.get(pod.uid)
@@ -172,6 +191,18 @@ class Supervisors:
                     retry = RETRY_SECONDS
         return reports, retry
 
+    def _awaits_start(self, job_uid: str, pod: PodView) -> bool:
+        """A pod created for the in-place restart this operator drives, whose supervisor
+        waits for its start: it has no process to report on (and may still be binding
+        its port). Starts that cannot reach it are retried (``START_PATIENCE_SECONDS``)."""
+        key = (job_uid, pod.attempt)
+        return (
+            key in self._stopped
+            and self._done.get(job_uid, 0) < pod.attempt
+            and not pod.carried
+            and pod.uid not in self._started.get(key, ())
+        )
+
     def _fresh(self, asked: _Asked, pod: PodView, now: float) -> bool:
         if asked.at == 0.0:
             return False
@@ -191,7 +222,7 @@ class Supervisors:
     def forget_job(self, job_uid: str) -> None:
         """Drop what is kept of a job that restarts no more (finished or deleted)."""
         self._done.pop(job_uid, None)
-        for table in (self._started, self._stopped, self._moved, self._fallbacks):
+        for table in (self._started, self._stopped, self._fallbacks):
             for key in [k for k in table if k[0] == job_uid]:
                 del table[key]
 
@@ -203,56 +234,56 @@ class Supervisors:
         self,
         *,
         job_uid: str,
-        namespace: str,
         pods: list[PodView],
         attempt: int,
         grace_seconds: float,
         may_start: bool,
+        members: int,
         recreated: frozenset[int] = frozenset(),
         hosts: int = 0,
     ) -> bool:
-        """One pass of the in-place restart into ``attempt``; True once every pod that
-        stays carries ``attempt`` and its supervisor was told to start it.
+        """One pass of the in-place restart into ``attempt``; True once every one of the
+        attempt's ``members`` pods runs and its supervisor was told to start it.
 
-        The pods that stay are every pod of the job, or, in a mixed restart, those of the
-        slices not in ``recreated`` (by index; those slices delete their pods and create
-        new ones, whose supervisors start ``attempt`` by themselves).
+        The pods that stay are those of the slices not in ``recreated`` (by index): their
+        slices' records carry them into ``attempt`` (``TPUSlice.spec.inPlaceFrom``; no pod
+        is written to). The slices in ``recreated`` delete their pods and create new ones
+        at once, whose supervisors wait for a start (``spec.awaitStart``).
 
         The barrier: no start before every staying pod's supervisor confirmed that no
         process of an older attempt runs there (a stop's answer says whether the process
         ended; one that says ``stopping`` is sent again on the next pass), no pod of an
-        older attempt is left in a recreated slice, and every recreated slice's ``hosts``
-        pods of ``attempt`` run. The relabelling goes out as soon as a pod's process
-        stopped (the label is the durable record for the next reconcile or operator, and
-        what lets the recreated slices create their pods); the starts are what the
-        workers wait for.
+        older attempt is left (the recreated slices' old pods are gone, and every staying
+        pod is seen carried), and every pod of ``attempt`` runs. Then every supervisor,
+        kept and new alike, is told to start ``attempt``: the starts are what the workers
+        wait for. Each step is idempotent; a new operator sends the stops again (a
+        supervisor that runs ``attempt`` already answers that it does).
         """
-        staying = [p for p in pods if p.slice_index not in recreated]
         stopped = _current(self._stopped, job_uid, attempt)
-        older = [p for p in staying if p.attempt < attempt and p.uid not in stopped]
+        staying = [
+            p for p in pods if p.slice_index not in recreated and (p.carried or p.attempt < attempt)
+        ]
+        older = [p for p in staying if p.uid not in stopped]
         if any(p.deleting for p in older):
             return False  # recreated by its slice once gone, with the new attempt's env
         if older:
             await self._stop(job_uid, older, attempt, grace_seconds)
             if self.fallback(job_uid, attempt) is not None:
                 return False
-        if any(p.attempt < attempt and p.uid not in stopped for p in staying):
+        if any(p.uid not in stopped for p in staying):
             return False
-        moved = _current(self._moved, job_uid, attempt)
-        relabel = [p for p in staying if p.attempt < attempt and p.uid not in moved]
         started = _current(self._started, job_uid, attempt)
+        current = [p for p in pods if p.attempt == attempt]
         # Readiness cannot tell: a stopped process's pod may still show Ready for up to a
-        # probe period. A start for a process that runs is answered without effect; a
-        # pod its slice created anew is started once it runs.
-        ready = may_start and recreated_ready(pods, recreated, attempt, hosts)
-        todo = [p for p in staying if p.uid not in started and runs(p)] if ready else []
-        await asyncio.gather(
-            self._relabel(namespace, relabel, attempt, moved),
-            self._start(job_uid, todo, attempt, started),
+        # probe period. A start for a process that runs is answered without effect.
+        ready = (
+            may_start
+            and gang_runs(pods, attempt, members)
+            and recreated_ready(pods, recreated, attempt, hosts)
         )
-        done = ready and all(
-            p.uid in started and (p.attempt >= attempt or p.uid in moved) for p in staying
-        )
+        todo = [p for p in current if p.uid not in started and runs(p)] if ready else []
+        await self._start(job_uid, todo, attempt, started)
+        done = ready and all(p.uid in started for p in current)
         if done:
             self._done[job_uid] = attempt
         return done
@@ -286,28 +317,6 @@ class Supervisors:
             log.warning("in-place restart into attempt %d: %s", attempt, message)
             self._fallbacks.setdefault((job_uid, attempt), message)
 
-    async def _relabel(
-        self, namespace: str, pods: list[PodView], attempt: int, moved: set[str]
-    ) -> None:
-        async def relabel(pod: PodView) -> None:
-            try:
-                await self.kube.merge_patch(
-                    namespaced(namespace, "pods", pod.name),
-                    {
-                        "metadata": {
-                            "uid": pod.uid,
-                            "labels": {contract.LABEL_RESTART_ATTEMPT: str(attempt)},
-                        }
-                    },
-                )
-            except ApiError as exc:
-                if not exc.not_found:
-                    raise
-                return  # gone: its slice creates it again, for this attempt
-            moved.add(pod.uid)
-
-        await send_all(relabel(p) for p in pods)
-
     async def _start(
         self, job_uid: str, pods: list[PodView], attempt: int, started: set[str]
     ) -> None:
@@ -323,8 +332,14 @@ class Supervisors:
                 # The answer is the latest word on the process: no need to ask again.
                 self._asked[pod.uid] = _Asked(pod.not_ready_since, report_of(result), 0, now)
             elif isinstance(result, ControlError):
-                log.warning("starting attempt %d in pod %s: %s", attempt, pod.name, result)
                 asked = self._asked.setdefault(pod.uid, _Asked(pod.not_ready_since))
+                if asked.failing_since is None:
+                    asked.failing_since = now
+                if now - asked.failing_since < START_PATIENCE_SECONDS:
+                    # Sent again on the next pass (the job looks again within a second).
+                    log.info("starting attempt %d in pod %s: %s", attempt, pod.name, result)
+                    continue
+                log.warning("starting attempt %d in pod %s: %s", attempt, pod.name, result)
                 asked.failures = max(asked.failures + 1, UNREACHABLE_AFTER)
                 asked.report = ProcessReport(attempt=attempt, unreachable=str(result))
                 asked.at = now

@@ -16,22 +16,30 @@ collector deletes after them, stay the operator's while they stop. The pod watch
 kopf's TPUSlice watch are separate streams, so a pod may be seen before its slice (a
 standby, or the first listings after a start): it is filed as foreign under its owner's
 UID, and filed again as the operator's when the slice arrives (``Runtime.slice_known``).
+
+The same record tells which attempt a slice's pods belong to: a TPUJob that restarts in
+place carries a slice's pods into its next attempt by writing it once on the slice
+(``spec.attempt`` and ``spec.inPlaceFrom``), not on each pod. A pod's view takes its
+attempt from here (``carried``: ``state.views.carried_attempt``), and its pods are filed
+again whenever that record changes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpu_operator import contract
-from tpu_operator.state.views import FOREIGN, ORPHAN, OWN
+from tpu_operator.state.views import FOREIGN, ORPHAN, OWN, PodView, carried_attempt
 
 REMEMBERED_SECONDS = 3600.0
 """How long a deleted TPUSlice's UID is remembered (as ``caches.TOMBSTONE_TTL``)."""
 
-SliceRecord = tuple[str, str, str | None]
-"""A TPUSlice's namespace, name and controlling TPUJob (None: a standalone slice)."""
+SliceRecord = tuple[str, str, str | None, int, int | None]
+"""A TPUSlice's namespace, name, controlling TPUJob (None: a standalone slice), and for a
+job's slice its attempt and ``inPlaceFrom`` (the attempts whose pods it carries in place)."""
 
 
 class SliceOwners:
@@ -46,16 +54,24 @@ class SliceOwners:
         self._gone: dict[str, tuple[SliceRecord, float]] = {}
 
     def known(self, body: Mapping[str, Any]) -> bool:
-        """A TPUSlice was listed or changed; True if its UID is new here."""
+        """A TPUSlice was listed or changed; True if its UID is new here or the attempt
+        its pods belong to changed (its pods are then filed again)."""
         meta = body.get("metadata") or {}
         uid = meta.get("uid")
         if not uid:
             return False
-        record = (meta.get("namespace") or "", meta.get("name") or "", slice_job_name(body))
-        new = uid not in self._live
+        job = slice_job_name(body)
+        spec = body.get("spec") or {}
+        attempt, carried_from = 0, None
+        if job is not None:
+            attempt = _int(spec.get("attempt"), 0)
+            carried_from = spec.get("inPlaceFrom")
+            carried_from = None if carried_from is None else _int(carried_from, None)
+        record = (meta.get("namespace") or "", meta.get("name") or "", job, attempt, carried_from)
+        changed = self._live.get(uid) != record
         self._live[uid] = record
         self._gone.pop(uid, None)
-        return new
+        return changed
 
     def gone(self, uid: str) -> None:
         """A TPUSlice was deleted: its pods stay the operator's for ``ttl`` while they go."""
@@ -82,10 +98,28 @@ class SliceOwners:
             record = gone[0] if gone is not None else None
         if record is None:
             return ORPHAN if owner and deleting else FOREIGN
-        slice_namespace, name, job = record
+        slice_namespace, name, job, _, _ = record
         if (slice_namespace, name) != (namespace, slice_name):
             return FOREIGN
         return OWN if job_name == (job if job is not None else name) else FOREIGN
+
+    def carried(self, owner: str | None, label: int) -> int:
+        """The attempt a pod of the slice with UID ``owner`` belongs to, given its label's
+        (``state.views.Carries``)."""
+        record = self._live.get(owner) if owner else None
+        if record is None and owner:
+            gone = self._gone.get(owner)
+            record = gone[0] if gone is not None else None
+        if record is None:
+            return label
+        return carried_attempt(label, record[3], record[4])
+
+
+def _int(value: object, default: int | None) -> Any:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return default
 
 
 def slice_job_name(body: Mapping[str, Any]) -> str | None:
@@ -115,4 +149,22 @@ def owned_by(job: Mapping[str, Any] | None, slice_body: Mapping[str, Any]) -> bo
         and not meta.get("deletionTimestamp")
         and owner[0] == meta.get("name")
         and owner[1] == meta.get("uid")
+    )
+
+
+def refile(view: PodView, owners: SliceOwners) -> PodView:
+    """``view`` as its slice's record now has it (whose it is, which attempt it belongs
+    to); the same object when nothing changed."""
+    ownership = owners.ownership(
+        view.owner, view.namespace, view.slice_name, view.job_name, view.deleting
+    )
+    label = view.label_attempt if view.label_attempt >= 0 else view.attempt
+    attempt = owners.carried(view.owner, label) if ownership == OWN else label
+    if ownership == view.ownership and attempt == view.attempt:
+        return view
+    return dataclasses.replace(
+        view,
+        ownership=ownership,
+        attempt=attempt,
+        label_attempt=label if label != attempt else -1,
     )

@@ -70,6 +70,16 @@ def _int(value: object, default: int = -1) -> int:
         return default
 
 
+def carried_attempt(label: int, attempt: int, in_place_from: int | None) -> int:
+    """The attempt a pod belongs to: ``label``, the attempt it was created for, unless its
+    slice, now at ``attempt``, carried its pods in place from ``in_place_from`` on
+    (``TPUSlice.spec.inPlaceFrom``): a pod created for any attempt from ``in_place_from``
+    to ``attempt - 1`` runs ``attempt`` in the same pod (its label is never rewritten)."""
+    if in_place_from is not None and in_place_from <= label < attempt:
+        return attempt
+    return label
+
+
 OWN = "own"
 """A worker pod of a TPUSlice the operator knows (its controller owner reference, by UID,
 and labels that agree with that slice): counted in its gang, held in its pools, stopped,
@@ -82,6 +92,12 @@ FOREIGN = "foreign"
 """A pod that carries the operator's labels and is not its worker (no TPUSlice controller
 owner it knows, or labels that name another slice or job): it grants nothing. It
 competes for chips like any pod, and is named when it is why workers do not schedule."""
+
+Carries = Callable[[str | None, int], int]
+"""The attempt a pod of the operator's belongs to, from its controller TPUSlice UID and
+its ``restart-attempt`` label (``runtime/ownership.SliceOwners.carried``): the label's,
+unless its slice's record says the job carried its pods into a later attempt in place
+(``carried_attempt``)."""
 
 Trusts = Callable[[str | None, str, str, str, bool], str]
 """How a pod is told apart (``runtime/ownership.SliceOwners.ownership``): from its
@@ -99,6 +115,8 @@ class PodView:
     slice_index: int
     worker_index: int
     attempt: int
+    """The attempt the pod belongs to: its label's, or the later one its slice carried it
+    into in place (``carried_attempt``). Every assessment, count and index reads this."""
     phase: str
     ready: bool
     deletion_deadline: str | None
@@ -139,6 +157,15 @@ class PodView:
     """The pod's ``schedulerName`` while no scheduler has looked at it: Pending, on no
     node, without a PodScheduled condition (a scheduler sets one at its first attempt, the
     apiserver one for a scheduling gate). None once one has."""
+    label_attempt: int = -1
+    """The attempt the pod was created for (its ``restart-attempt`` label); below
+    ``attempt`` in a pod carried in place (-1: the same as ``attempt``)."""
+
+    @property
+    def carried(self) -> bool:
+        """Created for an earlier attempt and carried into ``attempt`` in place: a process
+        of that earlier attempt may still run in it until its supervisor stopped it."""
+        return 0 <= self.label_attempt < self.attempt
 
     @property
     def process_stopped(self) -> bool:
@@ -232,12 +259,17 @@ def slice_owner(refs: list[OwnerReference] | None) -> str | None:
     return None
 
 
-def pod_view(body: PodDocument | Mapping[str, Any], trusts: Trusts | None = None) -> PodView | None:
+def pod_view(
+    body: PodDocument | Mapping[str, Any],
+    trusts: Trusts | None = None,
+    carries: Carries | None = None,
+) -> PodView | None:
     """The view of a worker pod, or None for a pod without the operator's labels.
 
     ``body``: the pod as decoded by the watch (``state/documents.py``), or as plain JSON
     (converted first). ``trusts``: how the pod is told apart from look-alikes (every pod
-    is ``OWN`` without it: tests and tools that build views of pods they made)."""
+    is ``OWN`` without it: tests and tools that build views of pods they made).
+    ``carries``: the attempt an own pod belongs to (its label's without it)."""
     pod = body if isinstance(body, PodDocument) else to_document(body, PodDocument)
     meta = pod.metadata or EMPTY_METADATA
     labels = meta.labels or {}
@@ -290,6 +322,10 @@ def pod_view(body: PodDocument | Mapping[str, Any], trusts: Trusts | None = None
     pool = selector.get(contract.NODE_LABEL_NODEPOOL)
     if pool is None and selector.get(contract.NODE_LABEL_SLICE_POOL):
         pool = contract.claim_ref(selector[contract.NODE_LABEL_SLICE_POOL])
+    label_attempt = _int(labels.get(contract.LABEL_RESTART_ATTEMPT), 0)
+    attempt = (
+        carries(owner, label_attempt) if carries is not None and ownership == OWN else label_attempt
+    )
     return PodView(
         name=meta.name,
         namespace=_shared(meta.namespace or ""),
@@ -298,7 +334,7 @@ def pod_view(body: PodDocument | Mapping[str, Any], trusts: Trusts | None = None
         slice_name=_shared(slice_name),
         slice_index=_int(labels.get(contract.LABEL_SLICE_INDEX), 0),
         worker_index=_int(labels.get(contract.LABEL_WORKER_INDEX)),
-        attempt=_int(labels.get(contract.LABEL_RESTART_ATTEMPT), 0),
+        attempt=attempt,
         phase=_shared(status.phase or "Pending"),
         ready=ready,
         deletion_deadline=_shared(meta.deletionTimestamp),
@@ -322,6 +358,7 @@ def pod_view(body: PodDocument | Mapping[str, Any], trusts: Trusts | None = None
         owner=owner,
         ownership=ownership,
         awaiting_scheduler=_shared(awaiting_scheduler),
+        label_attempt=label_attempt if label_attempt != attempt else -1,
     )
 
 
