@@ -369,9 +369,11 @@ class Runtime:
             self.wake_waiting()
 
     def job_event(self, type: str | None, body: dict[str, Any]) -> None:
-        """A TPUJob changed (``type`` None: listed): reconcile it if it asks (``asks``)."""
+        """A TPUJob changed (``type`` None: listed): the sampler follows it, and it is
+        reconciled if it asks (``asks``)."""
         if not self.acting:
             return
+        self.sampler.job_changed(type, body)
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         if self.asks("jobs", key, type, body):
             self.jobs.add(key)

@@ -131,8 +131,9 @@ def test_once_the_leaders_answer_every_sixth_round_reads_every_worker():
 def test_monitoring_settings_are_parsed_once_per_generation_and_dropped_with_the_job(
     monkeypatch: pytest.MonkeyPatch,
 ):
-    """Every tick looks at every cached job: the settings are parsed when a job or its
-    spec is new, and kept for as many jobs as the cache holds, however many that is."""
+    """The settings are parsed when a job or its spec is new (the resync of a replica that
+    starts to act, then each job's events), and kept for as many jobs as exist, however
+    many that is."""
     parsed: list[str] = []
 
     def counted(job: dict[str, Any]) -> Any:
@@ -142,23 +143,103 @@ def test_monitoring_settings_are_parsed_once_per_generation_and_dropped_with_the
     monkeypatch.setattr(sampler_module, "monitoring_of", counted)
     jobs: dict[Any, list[Any]] = {}
 
-    def put(name: str, generation: int) -> None:
+    def put(name: str, generation: int) -> dict[str, Any]:
         meta = {"namespace": NAMESPACE, "name": name, "uid": f"uid-{name}"}
         body = {"metadata": {**meta, "generation": generation}, "status": {"phase": "Pending"}}
         jobs[("job", NAMESPACE, name)] = [body]
+        return body
 
     for i in range(12_000):  # more jobs than any fixed bound would hold
         put(f"j{i}", 1)
     sampler = ProgressSampler(Caches(pods=PODS.store(), slices={}, jobs=jobs, nodes={}), print)
-    sampler.tick()
+    sampler.resync()
     sampler.tick()
     assert len(parsed) == 12_000
-    put("j7", 2)  # its spec changed
-    del jobs[("job", NAMESPACE, "j8")]  # deleted
     parsed.clear()
+    sampler.job_changed("MODIFIED", put("j7", 2))  # its spec changed
+    sampler.job_changed("MODIFIED", put("j9", 1))  # its status changed
+    sampler.job_changed("DELETED", jobs.pop(("job", NAMESPACE, "j8"))[0])
     sampler.tick()
     assert parsed == ["j7"]
     assert len(sampler._settings) == 11_999
+    del jobs[("job", NAMESPACE, "j10")]  # gone while this replica stood by
+    sampler.resync()
+    assert len(sampler._settings) == 11_998
+
+
+def _job(name: str, phase: str, *, monitoring: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": NAMESPACE, "name": name, "uid": f"uid-{name}", "generation": 1},
+        "spec": {"monitoring": {"enabled": monitoring}},
+        "status": {"phase": phase},
+    }
+
+
+@pytest.mark.parametrize(
+    ("events", "sampled"),
+    [
+        pytest.param([(None, _job("a", "Running"))], ["a"], id="listed running"),
+        pytest.param([(None, _job("a", "Pending"))], [], id="not yet active"),
+        pytest.param([(None, _job("a", "Running", monitoring=False))], [], id="monitoring off"),
+        pytest.param(
+            [(None, _job("a", "Running")), ("MODIFIED", _job("a", "Succeeded"))],
+            [],
+            id="finished",
+        ),
+        pytest.param(
+            [(None, _job("a", "Running")), ("DELETED", _job("a", "Running"))],
+            [],
+            id="deleted",
+        ),
+        pytest.param(
+            [(None, _job("a", "Pending")), ("MODIFIED", _job("a", "Starting"))],
+            ["a"],
+            id="became active",
+        ),
+    ],
+)
+def test_the_sampled_jobs_follow_their_events(
+    events: list[tuple[str | None, dict[str, Any]]], sampled: list[str]
+) -> None:
+    sampler = ProgressSampler(Caches(pods=PODS.store(), slices={}, jobs={}, nodes={}), print)
+    for type, body in events:
+        sampler.job_changed(type, body)
+    assert sorted(name for _, name in sampler._sampled) == sampled
+
+
+def test_a_tick_looks_only_at_the_jobs_it_samples() -> None:
+    """A shared cluster's idle or unmonitored jobs cost a tick nothing: the tick reads
+    the sampled jobs from the cache by key and never walks every job."""
+    jobs: dict[Any, list[Any]] = {}
+    for i in range(1_000):
+        body = _job(f"idle{i}", "Succeeded")
+        jobs[("job", NAMESPACE, body["metadata"]["name"])] = [body]
+    running = _job("running", "Running")
+    jobs[("job", NAMESPACE, "running")] = [running]
+    caches_ = Caches(pods=PODS.store(), slices={}, jobs=jobs, nodes={})
+    sampler = ProgressSampler(caches_, print)
+    sampler.resync()
+    assert list(sampler._sampled) == [(NAMESPACE, "running")]
+
+    def walked() -> Any:
+        raise AssertionError("a tick walked every cached job")
+
+    caches_.jobs = walked  # type: ignore[method-assign]
+
+    async def one_tick() -> list[str]:
+        sampler.tick()
+        started = [task.get_name() for task in sampler._busy.values()]
+        for task in sampler._busy.values():
+            task.cancel()
+        return started
+
+    assert asyncio.run(one_tick()) == ["sample-running"]
+    # Gone from the cache before its DELETED event: dropped at the next tick.
+    del jobs[("job", NAMESPACE, "running")]
+    sampler._busy.clear()
+    sampler._due.clear()
+    assert asyncio.run(one_tick()) == []
+    assert sampler._sampled == {}
 
 
 def pod_at(slice_index: int, worker: int, attempt: int = 1, **status: Any) -> dict[str, Any]:

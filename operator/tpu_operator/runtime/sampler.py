@@ -67,8 +67,12 @@ class ProgressSampler:
         self._busy: dict[Key, asyncio.Task[None]] = {}
         self._flags: dict[Key, tuple[bool, tuple[str, ...]]] = {}
         self._settings: dict[str, tuple[int, Monitoring | None]] = {}
-        """Each cached job's monitoring settings by UID, with the generation they were
+        """Each known job's monitoring settings by UID, with the generation they were
         parsed from: parsed once per spec change, dropped with the job."""
+        self._sampled: dict[Key, str] = {}
+        """The jobs a tick looks at (by key, with their UID): monitoring on and an active
+        phase, as their last event said (``job_changed``). A tick costs what these jobs
+        cost, not what every job of the cluster does."""
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -84,7 +88,35 @@ class ProgressSampler:
 
     def start(self) -> None:
         self.open()
+        self.resync()
         self._task = asyncio.create_task(self._run(), name="progress-sampler")
+
+    def resync(self) -> None:
+        """Look at every cached job once (when this replica starts to act); from then on
+        each job's events keep the jobs to sample current (``job_changed``)."""
+        uids: set[str] = set()
+        for job in self.caches.jobs():
+            uids.add(job["metadata"].get("uid", ""))
+            self.job_changed(None, job)
+        for uid in self._settings.keys() - uids:
+            del self._settings[uid]
+
+    def job_changed(self, type: str | None, job: dict[str, Any]) -> None:
+        """A TPUJob was listed, changed or deleted (``type`` as a watch event's): it is
+        sampled while its monitoring is on and its phase active."""
+        meta = job["metadata"]
+        key = (meta["namespace"], meta["name"])
+        uid = meta.get("uid", "")
+        if type == "DELETED":
+            self._settings.pop(uid, None)
+            if self._sampled.get(key) == uid:
+                del self._sampled[key]
+            return
+        phase = (job.get("status") or {}).get("phase")
+        if self._monitoring(uid, job) is not None and phase in ACTIVE_PHASES:
+            self._sampled[key] = uid
+        else:
+            self._sampled.pop(key, None)
 
     async def stop(self) -> None:
         tasks = [t for t in (self._task, *self._busy.values()) if t is not None]
@@ -100,18 +132,17 @@ class ProgressSampler:
             await asyncio.sleep(0.5)
 
     def tick(self) -> None:
-        """Start the rounds that are due (never two at once for one job)."""
+        """Start the rounds that are due (never two at once for one job), for the jobs
+        their events said to sample, each read afresh from the cache."""
         now = time.monotonic()
         seen: set[Key] = set()
-        uids: set[str] = set()
-        for job in self.caches.jobs():
-            meta = job["metadata"]
-            key = (meta["namespace"], meta["name"])
-            status = job.get("status") or {}
-            uid = meta.get("uid", "")
-            uids.add(uid)
+        for key, uid in list(self._sampled.items()):
+            job = self.caches.job(*key)
+            if job is None or job["metadata"].get("uid", "") != uid:
+                del self._sampled[key]  # gone (its DELETED event may be on its way)
+                continue
             monitoring = self._monitoring(uid, job)
-            if monitoring is None or status.get("phase") not in ACTIVE_PHASES:
+            if monitoring is None or (job.get("status") or {}).get("phase") not in ACTIVE_PHASES:
                 continue
             seen.add(key)
             if key in self._busy or self._due.get(key, 0.0) > now:
@@ -120,9 +151,6 @@ class ProgressSampler:
             task = asyncio.create_task(self._round(key, job, monitoring), name=f"sample-{key[1]}")
             self._busy[key] = task
             task.add_done_callback(functools.partial(self._finished, key))
-        if len(self._settings) > len(uids):
-            for uid in self._settings.keys() - uids:
-                del self._settings[uid]
         for key in set(self.tracks) - seen:
             if key not in self._busy:
                 self.tracks.pop(key, None)
