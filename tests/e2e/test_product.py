@@ -328,11 +328,19 @@ def test_demo_trains_through_a_worker_failure_and_is_observable(
     assert restarted["lastFailure"]["pod"] == "demo-1-1"
     assert restarted["lastFailure"]["exitCode"] == 1
     selector = f'namespace="{namespace}", tpujob="demo"'
+
+    def of_attempt_2(series: str, offset: str = "") -> str:
+        """``series`` of the processes that run attempt 2: a pod restarted in place keeps
+        the `attempt` label of the attempt it was created for, and the process's own
+        build info says which it runs (`exported_attempt`: the scrape adds `attempt`)."""
+        runs = f'tpu_worker_build_info{{{selector}, exported_attempt="2"}}{offset}'
+        return f"(({series}) and on (pod) {runs})"
+
     prometheus.wait_for(
         f"tpu_operator_job_restarts{{{selector}}} == 1", 60, "the restart in the operator's metrics"
     )
     prometheus.wait_for(
-        f'tpu_worker_steps_total{{{selector}, attempt="2"}} > 0',
+        of_attempt_2(f"tpu_worker_steps_total{{{selector}}} > 0"),
         180,
         "attempt 2 steps in the workers' metrics",
     )
@@ -344,10 +352,13 @@ def test_demo_trains_through_a_worker_failure_and_is_observable(
     )
     checkpoint = int(found.group(1))
     assert checkpoint >= 50 and checkpoint % 50 == 0  # --checkpoint-every=50
-    attempt_2 = f'{selector}, attempt="2"'
     resumed = prometheus.query(
-        f"max((tpu_worker_step{{{attempt_2}}} - tpu_worker_steps_total{{{attempt_2}}})"
-        f" and on (pod) (tpu_worker_steps_total{{{attempt_2}}} > 0))"
+        "max("
+        + of_attempt_2(
+            f"(tpu_worker_step{{{selector}}} - tpu_worker_steps_total{{{selector}}})"
+            f" and on (pod) (tpu_worker_steps_total{{{selector}}} > 0)"
+        )
+        + ")"
     )
     assert resumed and float(resumed[0]["value"][1]) == checkpoint, resumed
 
@@ -363,14 +374,18 @@ def test_demo_trains_through_a_worker_failure_and_is_observable(
     # attempt 2 was past its first steps a window ago, and while they all still step.
     wait_until(
         lambda: prometheus.query(
-            f'count(tpu_worker_steps_total{{{selector}, attempt="2"}} offset 35s > 2) == 4'
+            "count("
+            + of_attempt_2(f"tpu_worker_steps_total{{{selector}}} offset 35s > 2", " offset 35s")
+            + ") == 4"
         ),
         timeout=180,
         message="every worker of attempt 2 past its first steps for longer than a rate window",
     )
     wait_until(
         lambda: prometheus.query(
-            f'count(rate(tpu_worker_steps_total{{{selector}, attempt="2"}}[30s]) > 0) == 4'
+            "count("
+            + of_attempt_2(f"rate(tpu_worker_steps_total{{{selector}}}[30s]) > 0")
+            + ") == 4"
         ),
         timeout=60,
         message="every worker of attempt 2 stepping in two scrapes",
