@@ -17,7 +17,6 @@ from tpu_operator.placement.pools import (
     Request,
     allocate,
     choose_machine,
-    pool_unhealthy,
     pools_from_nodes,
     provisions,
     requests_for,
@@ -333,62 +332,7 @@ def test_an_unhealthy_pool_is_given_to_no_slice():
     assert allocate([Request(V5P_16)], pools, {}).pools == ["spare"]
     waiting = allocate([Request(V5P_16)], pools, {"spare": "TPUJob ml/a"})
     assert waiting.pools is None
-    assert "broken has 1 of its 2 VMs not ready, cordoned or under maintenance" in waiting.message
-
-
-def _gke_node(labels: dict[str, str], taints: list[dict[str, str]], name: str = "n") -> NodeView:
-    return node_view(
-        {
-            "metadata": {
-                "name": name,
-                "labels": {
-                    contract.NODE_LABEL_NODEPOOL: "p",
-                    contract.NODE_LABEL_ACCELERATOR: "tpu-v5p-slice",
-                    contract.NODE_LABEL_TOPOLOGY: "2x2x2",
-                    **labels,
-                },
-            },
-            "spec": {"taints": taints},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-        }
-    )
-
-
-@pytest.mark.parametrize(
-    ("labels", "taints", "healthy"),
-    [
-        pytest.param({}, [], True, id="ready"),
-        pytest.param(
-            {"cloud.google.com/scheduled-maintenance-time": "1893456000"},
-            [],
-            True,
-            id="maintenance only scheduled: it serves until then",
-        ),
-        pytest.param(
-            {"cloud.google.com/active-node-maintenance": "true"}, [], False, id="maintenance"
-        ),
-        pytest.param(
-            {"cloud.google.com/active-node-maintenance": "false"}, [], True, id="maintenance over"
-        ),
-        pytest.param(
-            {},
-            [{"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}],
-            False,
-            id="about to be terminated",
-        ),
-    ],
-)
-def test_a_pool_under_gke_maintenance_is_unhealthy_though_its_vms_are_ready(
-    labels: dict[str, str], taints: list[dict[str, str]], healthy: bool
-) -> None:
-    view = _gke_node(labels, taints)
-    assert view.ready
-    pool = pools_from_nodes([view, _gke_node({}, [], "m")])["p"]  # the slice's two VMs
-    assert (pool_unhealthy(pool) is None) is healthy
-    pools = {"p": pool, "spare": PoolView("spare", "tpu-v5p-slice", "2x2x2", nodes=2, ready=2)}
-    assert allocate([Request(V5P_16, pinned=None)], pools, {"spare": "TPUJob ml/a"}).pools == (
-        ["p"] if healthy else None
-    )
+    assert "broken has 1 of its 2 VMs not ready or cordoned" in waiting.message
 
 
 def test_pinned_pools_are_placed_before_free_choices():

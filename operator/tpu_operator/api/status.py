@@ -135,10 +135,9 @@ class Reason(StrEnum):
     NODE_POOL_GONE = "NodePoolGone"
     """A recorded node pool has no nodes left (deleted, or scaled to zero)."""
     NODE_POOL_UNHEALTHY = "NodePoolUnhealthy"
-    """A slice whose pods a restart recreates had a node pool with a VM not ready, cordoned
-    or under GKE's maintenance (or about to be terminated): the slice moved to a free
-    healthy pool of its shape (or, with none free, waits for the repair). An unhealthy
-    pool is given to no slice until it is healthy."""
+    """A slice whose pods a restart recreates had a node pool with a VM not ready or
+    cordoned: the slice moved to a free healthy pool of its shape (or, with none free,
+    waits for the repair). An unhealthy pool is given to no slice until it is healthy."""
     SLICES_DROPPED = "SlicesDropped"
     """(Event.) An elastic job (spec.elastic) restarts without the slices a restart could
     not bring back (their node pool unhealthy, or their failures there at

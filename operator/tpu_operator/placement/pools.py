@@ -86,7 +86,7 @@ def pools_from_nodes(nodes: Iterable[NodeView]) -> dict[str, PoolView]:
             ),
         )
         pool.nodes += 1
-        pool.ready += int(node.ready and not node.unschedulable and not node.disrupted)
+        pool.ready += int(node.ready and not node.unschedulable)
         chips = chips_of_node(node)
         if chips is not None and (pool.chips_per_vm is None or node.machine_type):
             pool.chips_per_vm = chips
@@ -188,13 +188,11 @@ def _unfit(pool: PoolView, request: Request, held_by: str | None) -> str | None:
 
 def pool_unhealthy(pool: PoolView) -> str | None:
     """Why a pool is unhealthy (a VM not ready or cordoned: being repaired, upgraded or
-    lost; or under GKE's maintenance, or about to be terminated), if it is. An unhealthy
-    pool is given to no slice until it is healthy again."""
+    lost), if it is. An unhealthy pool is given to no slice until it is healthy again."""
     if pool.ready >= pool.nodes:
         return None
     return (
-        f"{pool.name} has {pool.nodes - pool.ready} of its {pool.nodes} VMs not ready, "
-        "cordoned or under maintenance"
+        f"{pool.name} has {pool.nodes - pool.ready} of its {pool.nodes} VMs not ready or cordoned"
     )
 
 

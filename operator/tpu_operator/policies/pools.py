@@ -5,9 +5,8 @@ the slices that have no pods of the attempt yet, when they may provision (a dele
 never comes back); otherwise the slice keeps it and the message says so
 (``placement/pools.vanished_pools``). A claim reference (``auto:<value>``) is replaced by
 the name of the pool GKE created for it once its nodes exist. A slice whose pods a restart
-recreates and whose pool is unhealthy (a VM not ready, cordoned or under maintenance)
-moves to a free healthy pool of its shape at once, rather than waiting for the repair
-(``move_from_unhealthy``).
+recreates and whose pool is unhealthy (a VM not ready or cordoned) moves to a free healthy
+pool of its shape at once, rather than waiting for the repair (``move_from_unhealthy``).
 """
 
 from __future__ import annotations

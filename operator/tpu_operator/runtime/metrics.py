@@ -85,9 +85,9 @@ class PhaseCollector(Collector):
 
 
 class PoolCollector(Collector):
-    """TPU node pools with VMs that are not ready, cordoned or under maintenance, read from
-    the node cache at scrape time. Such a pool is given to no slice until every VM is
-    ready, and a slice a restart recreates moves off it (``placement/pools.pool_unhealthy``)."""
+    """TPU node pools with VMs that are not ready or cordoned, read from the node cache at
+    scrape time. Such a pool is given to no slice until every VM is ready, and a slice a
+    restart recreates moves off it (``placement/pools.pool_unhealthy``)."""
 
     def __init__(self, pools: Callable[[], Iterable[PoolView]], active: Callable[[], bool]):
         self._pools = pools
@@ -98,8 +98,8 @@ class PoolCollector(Collector):
             return
         family = GaugeMetricFamily(
             "tpu_operator_node_pool_unready_vms",
-            "VMs not ready, cordoned or under GKE maintenance, per TPU node pool that has any "
-            "(such a pool is given to no slice until healthy)",
+            "VMs not ready or cordoned, per TPU node pool that has any (such a pool is given "
+            "to no slice until healthy)",
             labels=["node_pool"],
         )
         for pool in self._pools():

@@ -382,9 +382,6 @@ class NodeView:
     partitions: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """Ironwood dynamic slicing: partition shape (4x4x4, 2x2x2, ...) -> (id, state), from
     the ``cloud.google.com/gke-tpu-partition-<shape>-id`` and ``-state`` labels."""
-    disrupted: bool = False
-    """Under maintenance now, or about to be terminated (``disrupted_now``): its pool is
-    not healthy, whatever the node's Ready condition says."""
 
 
 # GKE's notices of host events on TPU and GPU nodes ("Manage GKE node disruption for GPUs
@@ -411,15 +408,6 @@ def maintenance_notice(labels: Mapping[str, str], taints: list[Taint]) -> str | 
     if when:
         return f"maintenance scheduled at {when} ({MAINTENANCE_TIME_LABEL})"
     return None
-
-
-def disrupted_now(labels: Mapping[str, str], taints: list[Taint]) -> bool:
-    """Whether GKE is maintaining the node or about to terminate it (a maintenance only
-    scheduled does not count: the node serves until then)."""
-    if any(taint.key == IMPENDING_TERMINATION_TAINT for taint in taints):
-        return True
-    active = labels.get(ACTIVE_MAINTENANCE_LABEL) or ""
-    return bool(active) and active.lower() not in ("false", "0")
 
 
 NO_NODE_STATUS = NodeStatus()
@@ -449,7 +437,6 @@ def node_view(body: NodeDocument | Mapping[str, Any]) -> NodeView:
         slice_pool=_shared(labels.get(contract.NODE_LABEL_SLICE_POOL)),
         disruption_notice=maintenance_notice(labels, spec.taints or []),
         partitions=partition_labels(labels),
-        disrupted=disrupted_now(labels, spec.taints or []),
     )
 
 

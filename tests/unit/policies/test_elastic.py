@@ -20,7 +20,7 @@ from tpu_operator.state.gang import WorkerFailure
 
 pytestmark = pytest.mark.unit
 
-BROKEN = "p1 has 1 of its 2 VMs not ready, cordoned or under maintenance"
+BROKEN = "p1 has 1 of its 2 VMs not ready or cordoned"
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ def test_vanished_and_created_pools(recorded, world, created, after, events):
     ]
 
 
-BROKEN = "p1 has 1 of its 2 VMs not ready, cordoned or under maintenance"
+BROKEN = "p1 has 1 of its 2 VMs not ready or cordoned"
 
 
 @pytest.mark.parametrize(
