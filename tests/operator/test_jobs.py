@@ -29,6 +29,7 @@ def test_single_slice_job_runs_to_success_on_its_pool(tpu, namespace, running_op
         "chips": 16,
         "chipsPerHost": 4,
         "hosts": 4,
+        "machineType": "ct5lp-hightpu-4t",
     }
     assert running["nodePools"] == ["v5e-4x4"]
     pods = sorted(tpu.pods(namespace), key=lambda p: p["metadata"]["name"])
