@@ -174,11 +174,18 @@ def grow(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
         pinned = placement is not None and bool(placement.node_pools)
         allocation = None
         if len(refs) == facts.spec.num_slices and not pinned:
+            # Growing back takes a pool that is there; a flex-start or queued-provisioning
+            # slice never one of another capacity (``fresh``): it waits for its own.
+            claims = world.claims(len(refs), renewal=attempt)
             requests = [
                 replace(r, provision=False, leaves=refs[i])
                 if i in other
                 else replace(r, pinned=refs[i])
-                for i, r in enumerate(requests_for(facts.shape, placement, len(refs)))
+                for i, r in enumerate(
+                    requests_for(
+                        facts.shape, placement, len(refs), claims, admitted_capacity=facts.kueue
+                    )
+                )
             ]
             allocation = world.allocate(requests)
         if allocation is None or allocation.pools is None:

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from tpu_operator.api.status import Reason
 from tpu_operator.placement.pools import requests_for
-from tpu_operator.placement.provisioning import claim_ref, is_claim
+from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_of, claim_ref, is_claim
 from tpu_operator.policies import fallback
 from tpu_operator.policies.plan import JobFacts, Plan, World
 
@@ -88,9 +88,15 @@ def move_from_unhealthy(
     placement = fallback.placement_of(facts, plan.status)
     if not broken or (placement is not None and placement.node_pools):
         return broken
+    # A slice of flex-start or queued-provisioning capacity moves only to a new pool of
+    # that capacity (a new claim: GKE provisions it); any other slice only to a free pool
+    # that exists (its own repair is what it would otherwise wait for).
+    claims = world.claims(len(refs), renewal=plan.status.attempt)
     requests = [
-        replace(r, provision=False, leaves=refs[i]) if i in broken else replace(r, pinned=refs[i])
-        for i, r in enumerate(requests_for(facts.shape, placement, len(refs)))
+        replace(r, provision=r.fresh, leaves=refs[i]) if i in broken else replace(r, pinned=refs[i])
+        for i, r in enumerate(
+            requests_for(facts.shape, placement, len(refs), claims, admitted_capacity=facts.kueue)
+        )
     ]
     allocation = world.allocate(requests)
     if allocation.pools is None:
@@ -104,11 +110,13 @@ def move_from_unhealthy(
     moved = list(refs)
     for index, why in sorted(broken.items()):
         moved[index] = allocation.pools[index]
-        plan.event(
-            "Warning",
-            Reason.NODE_POOL_UNHEALTHY,
-            f"slice {index}: {why}; moved to node pool {moved[index]}",
+        value = claim_of(moved[index])
+        where = (
+            f"moved to node pool {moved[index]}"
+            if value is None
+            else f"its pods ask GKE for a new node pool ({SLICE_POOL_LABEL}={value})"
         )
+        plan.event("Warning", Reason.NODE_POOL_UNHEALTHY, f"slice {index}: {why}; {where}")
     plan.status.node_pools = moved
     return {}
 

@@ -273,6 +273,25 @@ def test_growing_back_onto_another_free_pool():
     assert status.attempt == 3 and status.node_pools == ["p0", "spare", "p2"]
     (requests,) = world.allocated
     assert [r.pinned for r in requests] == ["p0", None, "p2"] and requests[1].leaves == "p1"
+    assert not requests[1].provision and not requests[1].fresh
+
+
+def test_a_slice_of_new_vms_grows_back_only_onto_a_pool_of_them():
+    job = facts(
+        100.0,
+        recorded=degraded(),
+        numSlices=3,
+        elastic={"minSlices": 2},
+        placement={"capacity": "FlexStart"},
+    )
+    job.supervised = False
+    world = World(unhealthy={1: BROKEN}, allocation=Allocation(None, "none"))
+    plan = plan_of(job)
+    elastic.grow(job, plan, world, 2)
+    (requests,) = world.allocated
+    # A free pool of other capacity is never taken (fresh), nor is a new one asked for.
+    assert requests[1].fresh and not requests[1].provision
+    assert plan.status.attempt == 2 and plan.status.grow_back is None
 
 
 def test_a_full_job_does_not_grow():

@@ -78,3 +78,30 @@ def test_a_recreated_slice_leaves_an_unhealthy_pool(
     (requests,) = world.allocated
     assert [r.pinned for r in requests] == ["p0", None]
     assert requests[1].provision is False
+
+
+@pytest.mark.parametrize(
+    ("capacity", "allocation", "said"),
+    [
+        # Flex-start or queued-provisioning capacity comes as new VMs: the slice asks GKE
+        # for a new pool of it (a claim) and never takes a free pool of another kind.
+        ("FlexStart", ["p0", "auto:claim-1-2"], "ask GKE for a new node pool"),
+        ("QueuedProvisioning", ["p0", "auto:claim-1-2"], "ask GKE for a new node pool"),
+    ],
+)
+def test_a_slice_of_new_vms_moves_only_to_a_new_pool_of_them(capacity, allocation, said):
+    job = facts(
+        recorded={"attempt": 2, "nodePools": ["p0", "p1"]},
+        numSlices=2,
+        placement={"capacity": capacity},
+    )
+    plan = plan_of(job)
+    world = World(unhealthy={1: BROKEN}, allocation=Allocation(allocation))
+    pools.move_from_unhealthy(job, plan, world, [1])
+    (requests,) = world.allocated
+    assert [r.pinned for r in requests] == ["p0", None]
+    assert requests[1].fresh and requests[1].provision
+    assert requests[1].claim == "claim-1-2" and requests[1].leaves == "p1"
+    assert plan.status.node_pools == allocation
+    ((_, reason, message),) = plan.events
+    assert reason == "NodePoolUnhealthy" and said in message and "claim-1-2" in message
