@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from localcluster import Cluster, binaries
+from tpu_operator import contract
 
 MODULE = "sigs.k8s.io/jobset"
 VERSION = "v0.12.0"
@@ -43,6 +44,42 @@ BINARY = "jobset-controller"
 EXCLUSIVE_KEY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 API = "/apis/jobset.x-k8s.io/v1alpha2"
+
+
+def manifest(
+    name: str,
+    namespace: str,
+    pod: dict[str, Any],
+    *,
+    hosts: int,
+    slices: int,
+    exclusive: bool,
+) -> dict[str, Any]:
+    """The JobSet that runs what the operator runs: ``slices`` replicas of one Indexed Job
+    of ``hosts`` pods, each with ``pod``'s spec (the operator's worker 0 pod, without its
+    per-pod hostname and subdomain: the Job names its pods). ``exclusive``: each slice gets
+    a node pool of its own through JobSet's exclusive placement, as JobSet's TPU users do
+    (pods that share a pool are pinned to it by their node selector instead)."""
+    spec = {k: v for k, v in pod["spec"].items() if k not in ("hostname", "subdomain")}
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if exclusive:
+        metadata["annotations"] = {EXCLUSIVE_KEY: contract.NODE_LABEL_NODEPOOL}
+    job = {
+        "parallelism": hosts,
+        "completions": hosts,
+        "completionMode": "Indexed",
+        "backoffLimit": 0,
+        "template": {"spec": spec},
+    }
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": metadata,
+        "spec": {
+            "failurePolicy": {"maxRestarts": 1000},
+            "replicatedJobs": [{"name": "slice", "replicas": slices, "template": {"spec": job}}],
+        },
+    }
 
 
 class JobSetUnavailable(RuntimeError):

@@ -449,12 +449,10 @@ async def trial_bare(bench: Bench, rep: int) -> dict[str, Any]:
 
 
 def jobset_manifest(p: JobPlan, namespace: str) -> dict[str, Any]:
-    """The job as JobSet runs it: one replicated Indexed Job per slice (``p.slices``
-    replicas of ``hosts`` pods), the operator's worker 0 pod spec (without its hostname
-    and subdomain). A multi-host slice gets a node pool of its own through JobSet's
-    exclusive placement, as JobSet's TPU users do; single-host jobs share their pool,
-    pinned to it by a node selector (exclusive placement would give the whole pool to
-    one of them)."""
+    """The job as JobSet runs it: one replicated Indexed Job per slice, the operator's
+    worker 0 pod spec. A multi-host slice gets a node pool of its own through JobSet's
+    exclusive placement; single-host jobs share their pool, pinned to it by a node
+    selector (exclusive placement would give the whole pool to one of them)."""
     single = p.shape.hosts == 1
     wiring = PodWiring(
         job_name=p.name,
@@ -473,29 +471,9 @@ def jobset_manifest(p: JobPlan, namespace: str) -> dict[str, Any]:
         owner=Owner("v1", "None", "none", "0"),
         placement=NodePlacement(node_pool=SINGLE_POOL if single else None),
     )
-    spec = pod["spec"]
-    for key in ("hostname", "subdomain"):
-        spec.pop(key, None)
-    metadata: dict[str, Any] = {"name": p.name, "namespace": namespace}
-    if not single:
-        metadata["annotations"] = {jobset.EXCLUSIVE_KEY: contract.NODE_LABEL_NODEPOOL}
-    hosts = p.shape.hosts
-    job = {
-        "parallelism": hosts,
-        "completions": hosts,
-        "completionMode": "Indexed",
-        "backoffLimit": 0,
-        "template": {"spec": spec},
-    }
-    return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": metadata,
-        "spec": {
-            "failurePolicy": {"maxRestarts": 1000},
-            "replicatedJobs": [{"name": "slice", "replicas": p.slices, "template": {"spec": job}}],
-        },
-    }
+    return jobset.manifest(
+        p.name, namespace, pod, hosts=p.shape.hosts, slices=p.slices, exclusive=not single
+    )
 
 
 def jobsets_path(namespace: str) -> str:

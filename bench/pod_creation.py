@@ -371,32 +371,11 @@ async def bare_run(
 
 def jobset_manifest(name: str, namespace: str, hosts: int, pinned: bool) -> dict[str, Any]:
     """The equivalent JobSet: one slice = one Indexed Job of ``hosts`` pods, the same pod
-    spec as the operator's worker 0 (without the per-pod hostname and subdomain)."""
+    spec as the operator's worker 0."""
     placement = NodePlacement(node_pool=pool_name(hosts) if pinned else None)
     owner = Owner("v1", "None", "none", "0")  # dropped: the Job owns its pods
     pod = slice_pod(name, namespace, hosts, 0, 1, owner, placement)
-    spec = pod["spec"]
-    for key in ("hostname", "subdomain"):
-        spec.pop(key, None)
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
-    if not pinned:
-        metadata["annotations"] = {jobset.EXCLUSIVE_KEY: contract.NODE_LABEL_NODEPOOL}
-    job = {
-        "parallelism": hosts,
-        "completions": hosts,
-        "completionMode": "Indexed",
-        "backoffLimit": 0,
-        "template": {"spec": spec},
-    }
-    return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": metadata,
-        "spec": {
-            "failurePolicy": {"maxRestarts": 1000},
-            "replicatedJobs": [{"name": "slice", "replicas": 1, "template": {"spec": job}}],
-        },
-    }
+    return jobset.manifest(name, namespace, pod, hosts=hosts, slices=1, exclusive=not pinned)
 
 
 async def trial_jobset(bench: Bench, hosts: int, rep: int, pinned: bool) -> dict[str, Any]:

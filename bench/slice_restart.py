@@ -426,7 +426,7 @@ async def trial_recreate(bench: Bench, hosts: int, rep: int, limit: float) -> di
 def jobset_manifest(name: str, hosts: int) -> dict[str, Any]:
     """The equivalent JobSet: one replicated Job of one Indexed Job per slice, each of 64
     pods with exclusive placement per node pool; the same pod spec as the operator's
-    worker 0 (without the per-pod hostname and subdomain)."""
+    worker 0."""
     wiring = PodWiring(
         job_name=name,
         service=name,
@@ -444,31 +444,14 @@ def jobset_manifest(name: str, hosts: int) -> dict[str, Any]:
         owner=Owner("v1", "None", "none", "0"),  # dropped: the Job owns its pods
         placement=NodePlacement(node_pool=None),
     )
-    spec = pod["spec"]
-    for key in ("hostname", "subdomain"):
-        spec.pop(key, None)
-    job = {
-        "parallelism": HOSTS_PER_SLICE,
-        "completions": HOSTS_PER_SLICE,
-        "completionMode": "Indexed",
-        "backoffLimit": 0,
-        "template": {"spec": spec},
-    }
-    return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": {
-            "name": name,
-            "namespace": JOBSET_NAMESPACE,
-            "annotations": {jobset.EXCLUSIVE_KEY: contract.NODE_LABEL_NODEPOOL},
-        },
-        "spec": {
-            "failurePolicy": {"maxRestarts": 1000},
-            "replicatedJobs": [
-                {"name": "slice", "replicas": SIZES[hosts], "template": {"spec": job}}
-            ],
-        },
-    }
+    return jobset.manifest(
+        name,
+        JOBSET_NAMESPACE,
+        pod,
+        hosts=HOSTS_PER_SLICE,
+        slices=SIZES[hosts],
+        exclusive=True,
+    )
 
 
 def jobset_cpu(bench: Bench) -> float:
