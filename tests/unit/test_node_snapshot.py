@@ -77,3 +77,16 @@ def test_noticed_nodes_are_the_nodes_with_a_notice_as_of_the_last_node_event():
     index[("node", "b")] = [node("b")]  # the maintenance is over
     caches.nodes_changed()
     assert caches.noticed_nodes() == {"a": "terminating"}
+
+
+def test_terminating_nodes_are_those_taken_back_before_a_time():
+    def ending(name: str, at: float | None) -> NodeView:
+        return NodeView(
+            name, "p", "tpu-v5p-slice", "2x2x1", True, False, False, None, 4, terminates_at=at
+        )
+
+    caches, _ = caches_with(ending("a", 300.0), ending("b", 100.0), ending("c", None))
+    assert caches.terminating_nodes(50.0) == {}
+    assert caches.terminating_nodes(200.0) == {"b": 100.0}
+    assert caches.terminating_nodes(300.0) == {"b": 100.0}  # before, not at
+    assert caches.terminating_nodes(1e12) == {"b": 100.0, "a": 300.0}

@@ -17,6 +17,7 @@ from tpu_operator.placement.pools import (
     Request,
     allocate,
     choose_machine,
+    pool_ends,
     pools_from_nodes,
     provisions,
     requests_for,
@@ -358,3 +359,38 @@ def test_unhealthy_pools_are_a_metric_of_the_acting_replica():
     served = generate_latest(metrics.registry).decode()
     assert 'tpu_operator_node_pool_unready_vms{node_pool="broken"} 3.0' in served
     assert 'node_pool="fine"' not in served
+
+
+@pytest.mark.parametrize(
+    ("value", "when"),
+    [
+        ("2026-11-27T10:00:00Z", 1795773600.0),
+        ("2026-11-27T11:00:00+01:00", 1795773600.0),
+        ("2026-11-27T10:00:00", 1795773600.0),  # no zone: UTC, as GKE writes it
+        ("next tuesday", None),  # not a time: no end is assumed
+        ("", None),
+        (None, None),
+    ],
+)
+def test_a_flex_start_vm_says_when_it_is_taken_back(value, when):
+    annotations = {} if value is None else {contract.NODE_ANNOTATION_TERMINATION: value}
+    view = node_view(
+        {
+            "metadata": {
+                "name": "n",
+                "labels": {contract.NODE_LABEL_NODEPOOL: "flex-1"},
+                "annotations": annotations,
+            },
+        }
+    )
+    assert view.terminates_at == when
+
+
+def test_a_pool_ends_when_its_first_vm_is_taken_back():
+    def node(name: str, pool: str, ends: float | None) -> NodeView:
+        return NodeView(
+            name, pool, "tpu-v6e-slice", "4x4", True, False, False, None, 4, terminates_at=ends
+        )
+
+    ends = pool_ends([node("a", "p", 30.0), node("b", "p", 20.0), node("c", "q", None)])
+    assert ends == {"p": 20.0}

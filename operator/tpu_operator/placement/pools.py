@@ -186,6 +186,16 @@ def _unfit(pool: PoolView, request: Request, held_by: str | None) -> str | None:
     return None
 
 
+def pool_ends(nodes: Iterable[NodeView]) -> dict[str, float]:
+    """Node pool -> the earliest time GKE takes back one of its VMs (Unix time), for the
+    pools whose nodes say (flex-start VMs: ``NodeView.terminates_at``)."""
+    ends: dict[str, float] = {}
+    for node in nodes:
+        if node.pool and node.terminates_at is not None:
+            ends[node.pool] = min(ends.get(node.pool, node.terminates_at), node.terminates_at)
+    return ends
+
+
 def pool_unhealthy(pool: PoolView) -> str | None:
     """Why a pool is unhealthy (a VM not ready or cordoned: being repaired, upgraded or
     lost), if it is. An unhealthy pool is given to no slice until it is healthy again."""

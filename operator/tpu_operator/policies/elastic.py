@@ -35,11 +35,10 @@ from tpu_operator.api.status import ConditionType, Phase, Reason, RestartKind
 from tpu_operator.decisions import Decision, book_restart
 from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import is_claim
-from tpu_operator.policies import fallback
+from tpu_operator.policies import fallback, notices
 from tpu_operator.policies import pools as pool_moves
 from tpu_operator.policies.plan import JobFacts, Plan, World
 from tpu_operator.timestamps import parse
-from tpu_operator.worker_metrics import PHASE_CHECKPOINT_SAVE
 
 CHECKPOINT_WAIT_SECONDS = 60.0
 """How long a job growing back waits for worker 0 to report the checkpoint it was asked
@@ -152,14 +151,6 @@ def shrink(
     return set(drop) != was_dropped
 
 
-def _checkpoint_seconds(facts: JobFacts) -> float | None:
-    leader = facts.track.leader() if facts.track else None
-    sample = leader.latest if leader else None
-    if sample is None:
-        return None
-    return sample.phases.get(PHASE_CHECKPOINT_SAVE, 0.0)
-
-
 def grow(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
     """A running attempt without some slices: grow back once each has a healthy pool,
     after a checkpoint."""
@@ -197,7 +188,7 @@ def grow(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
     grow_back = status.grow_back
     if grow_back is None and facts.supervised:
         status.grow_back = GrowBack(
-            requested_at=stamp(plan.now), checkpoint_save_seconds=_checkpoint_seconds(facts)
+            requested_at=stamp(plan.now), checkpoint_save_seconds=notices.checkpoint_seconds(facts)
         )
         status.checkpoint_requests += 1
         back = [d.index for d in status.dropped_slices]
@@ -218,7 +209,7 @@ def grow(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
             requested_at=requested,
             now=plan.now,
             saved_before=grow_back.checkpoint_save_seconds,
-            saved_now=_checkpoint_seconds(facts),
+            saved_now=notices.checkpoint_seconds(facts),
         ):
             plan.after(CHECKPOINT_POLL_SECONDS)
             return

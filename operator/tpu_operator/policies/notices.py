@@ -1,20 +1,66 @@
 """GKE's notices of maintenance or termination of the nodes of a running attempt: each new
 one asks the job's workers to checkpoint now, once (docs/tasks/restarts.md), as soon as
-they train."""
+they train. A VM that says when GKE takes it back (a flex-start VM's
+``node.gke.io/machine-termination-datetime``) gives its notice ahead of that time by
+``termination_lead`` (twice the last checkpoint's save time and a margin, at least
+``TERMINATION_LEAD_SECONDS``), whether or not GKE taints it first."""
 
 from __future__ import annotations
 
+import datetime as dt
+
+from tpu_operator import contract
 from tpu_operator.api.status import Reason
 from tpu_operator.policies.plan import JobFacts, Plan, World
+from tpu_operator.worker_metrics import PHASE_CHECKPOINT_SAVE
 
 MAX_NOTICES = 32
 """Disruption notices remembered in status (each asks for one checkpoint)."""
+
+TERMINATION_LEAD_SECONDS = 120.0
+"""The least time ahead of a VM's announced termination at which its workers are asked to
+checkpoint."""
+TERMINATION_MARGIN_SECONDS = 30.0
+"""Added to twice the last checkpoint's save time, for the request to reach the workers."""
+
+
+def checkpoint_seconds(facts: JobFacts) -> float | None:
+    """How long worker 0's last checkpoint took to save, if it reported one."""
+    leader = facts.track.leader() if facts.track else None
+    sample = leader.latest if leader else None
+    if sample is None:
+        return None
+    return sample.phases.get(PHASE_CHECKPOINT_SAVE, 0.0)
+
+
+def termination_lead(facts: JobFacts) -> float:
+    """How long before a VM's announced termination its workers are asked to checkpoint."""
+    saving = checkpoint_seconds(facts) or 0.0
+    return max(TERMINATION_LEAD_SECONDS, 2 * saving + TERMINATION_MARGIN_SECONDS)
+
+
+def termination_notices(facts: JobFacts, plan: Plan, world: World) -> dict[str, str]:
+    """Node -> notice for the VMs GKE takes back within the lead, and a wake-up at the next
+    lead of the job's pools."""
+    now = plan.now.timestamp()
+    lead = termination_lead(facts)
+    end = world.pools_end(plan.status.node_pools or [])
+    if end is not None and end - lead > now:
+        plan.after(end - lead - now)
+    return {
+        node: (
+            f"VM taken back at {dt.datetime.fromtimestamp(when, dt.UTC):%Y-%m-%dT%H:%M:%SZ} "
+            f"({contract.NODE_ANNOTATION_TERMINATION})"
+        )
+        for node, when in world.terminating_nodes(now + lead).items()
+    }
 
 
 def checkpoint_on_notices(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
     """New notices on the nodes of ``attempt``'s pods: remembered, and a checkpoint asked
     of the workers after the status write (``plan.checkpoint_for``)."""
     status = plan.status
+    noticed = {**termination_notices(facts, plan, world), **world.noticed_nodes()}
     if facts.monitoring.enabled and (facts.track is None or facts.track.step is None):
         # Not training yet (importing, rendezvous, compiling): a request now would reach
         # processes that cannot take it. The notice is handled once steps are seen.
@@ -23,7 +69,7 @@ def checkpoint_on_notices(facts: JobFacts, plan: Plan, world: World, attempt: in
     new: list[str] = []
     # From the few noticed nodes to their pods, not from every pod of the job to its
     # node: this runs on each reconcile of a running job of up to 12,736 pods.
-    for node, notice in sorted(world.noticed_nodes().items()):
+    for node, notice in sorted(noticed.items()):
         key = f"node {node}: {notice}"
         if key in seen:
             continue

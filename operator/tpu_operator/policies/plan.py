@@ -99,6 +99,15 @@ class World(Protocol):
         """TPU nodes with a notice of maintenance or termination, and the notice."""
         ...
 
+    def terminating_nodes(self, before: float) -> Mapping[str, float]:
+        """TPU nodes GKE takes back before ``before`` (Unix time; flex-start VMs at the end
+        of their run duration), and when."""
+        ...
+
+    def pools_end(self, pools: list[str]) -> float | None:
+        """The earliest time GKE takes back a VM of ``pools`` (Unix time), if it said."""
+        ...
+
     def pods_on_node(self, node: str) -> list[PodView]: ...
 
     def others_on_pools(self, pools: list[str]) -> list[PodView]:

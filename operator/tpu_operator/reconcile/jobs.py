@@ -42,7 +42,13 @@ from tpu_operator.builders.supervision import (
 from tpu_operator.builders.wiring import Ports
 from tpu_operator.builders.workload import queue_name
 from tpu_operator.catalog import CatalogError, SliceShape, chips_per_host_choices
-from tpu_operator.placement.pools import Allocation, MachineChoice, PoolGone, Request
+from tpu_operator.placement.pools import (
+    Allocation,
+    MachineChoice,
+    PoolGone,
+    Request,
+    pool_ends,
+)
 from tpu_operator.policies import (
     elastic,
     failure,
@@ -171,6 +177,14 @@ class CachedWorld:
 
     def noticed_nodes(self) -> Mapping[str, str]:
         return self.ctx.caches.noticed_nodes()
+
+    def terminating_nodes(self, before: float) -> Mapping[str, float]:
+        return self.ctx.caches.terminating_nodes(before)
+
+    def pools_end(self, pools: list[str]) -> float | None:
+        ends = self.ctx.caches.from_nodes("pool ends", pool_ends)
+        found = [ends[p] for p in pools if p in ends]
+        return min(found) if found else None
 
     def pods_on_node(self, node: str) -> list[PodView]:
         return self.ctx.caches.pods_on_node(node)

@@ -69,6 +69,9 @@ class NodeSnapshot:
     noticed: dict[str, str]
     """Node -> its notice of maintenance or termination (``NodeView.disruption_notice``),
     for the nodes that have one: a few at a time, where a job's pods are thousands."""
+    terminating: list[tuple[float, str]] = field(default_factory=list)
+    """(when GKE takes the VM back, node) for the nodes that say (flex-start VMs), in time
+    order."""
     derived: dict[str, Any] = field(default_factory=dict)
     """Values computed from the nodes alone (node pools), kept as long as the snapshot."""
 
@@ -322,6 +325,7 @@ class Caches:
                 # (placement/dynamic.py).
                 frozenset(n for n, v in by_name.items() if not v.ready or cube_lost(v)),
                 {n: v.disruption_notice for n, v in by_name.items() if v.disruption_notice},
+                sorted((v.terminates_at, n) for n, v in by_name.items() if v.terminates_at),
             )
             self._node_snapshot = snapshot
         return snapshot
@@ -332,6 +336,15 @@ class Caches:
     def noticed_nodes(self) -> Mapping[str, str]:
         """The TPU nodes with a notice of maintenance or termination, and the notice."""
         return self._nodes_now().noticed
+
+    def terminating_nodes(self, before: float) -> dict[str, float]:
+        """The TPU nodes GKE takes back before ``before`` (Unix time), and when."""
+        found: dict[str, float] = {}
+        for when, name in self._nodes_now().terminating:
+            if when >= before:
+                break
+            found[name] = when
+        return found
 
     def tpu_nodes(self) -> list[NodeView]:
         return list(self._nodes_now().by_name.values())

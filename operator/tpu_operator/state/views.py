@@ -6,6 +6,7 @@ hundred bytes each, and every assessment reads only these fields.
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -382,6 +383,9 @@ class NodeView:
     partitions: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """Ironwood dynamic slicing: partition shape (4x4x4, 2x2x2, ...) -> (id, state), from
     the ``cloud.google.com/gke-tpu-partition-<shape>-id`` and ``-state`` labels."""
+    terminates_at: float | None = None
+    """When GKE takes the VM back (Unix time): the end of a flex-start VM's run duration,
+    from its ``node.gke.io/machine-termination-datetime`` annotation."""
 
 
 # GKE's notices of host events on TPU and GPU nodes ("Manage GKE node disruption for GPUs
@@ -437,7 +441,23 @@ def node_view(body: NodeDocument | Mapping[str, Any]) -> NodeView:
         slice_pool=_shared(labels.get(contract.NODE_LABEL_SLICE_POOL)),
         disruption_notice=maintenance_notice(labels, spec.taints or []),
         partitions=partition_labels(labels),
+        terminates_at=termination_time(meta.annotations),
     )
+
+
+def termination_time(annotations: Mapping[str, str] | None) -> float | None:
+    """When GKE takes the VM back (``node.gke.io/machine-termination-datetime``, RFC 3339),
+    as Unix time; None without the annotation or with a value that is not a time."""
+    value = (annotations or {}).get(contract.NODE_ANNOTATION_TERMINATION)
+    if not value:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
 
 
 NO_PARTITIONS: Mapping[str, tuple[str, str]] = {}

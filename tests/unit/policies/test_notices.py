@@ -56,3 +56,57 @@ def test_a_new_notice_asks_for_one_checkpoint(on_node, seen, track, asked):
     assert bool(plan.checkpoint_for) is asked
     assert plan.status.checkpoint_requests == int(asked)
     assert reasons(plan) == (["CheckpointRequested"] if asked else [])
+
+
+def saved_in(seconds: float) -> JobTrack:
+    track = training()
+    track.observe(
+        track.worker("j-0-0", 0, 0, "n0"),
+        WorkerSample(at=at(95).timestamp(), step=4, phases={"checkpoint_save": seconds}),
+    )
+    return track
+
+
+@pytest.mark.parametrize(
+    ("ends_in", "track", "asked", "wake"),
+    [
+        # A VM taken back in 10 minutes: no request yet, a wake-up when the lead begins.
+        (600.0, training(), False, 600.0 - notices.TERMINATION_LEAD_SECONDS),
+        # Within the lead: the workers checkpoint now.
+        (100.0, training(), True, None),
+        # A checkpoint that took 100 s widens the lead to 230 s.
+        (200.0, saved_in(100.0), True, None),
+        (300.0, saved_in(100.0), False, 300.0 - 230.0),
+        # Not training yet: asked once steps are seen.
+        (100.0, None, False, None),
+    ],
+)
+def test_a_vm_that_says_when_it_ends_asks_for_a_checkpoint_ahead(ends_in, track, asked, wake):
+    job = facts(recorded={"attempt": 1, "nodePools": ["p1"]}, track=track)
+    plan = plan_of(job)
+    world = World(terminating={"n0": at(100 + ends_in).timestamp()}, on_node={"n0": [worker(1)]})
+    notices.checkpoint_on_notices(job, plan, world, 1)
+    assert bool(plan.checkpoint_for) is asked
+    if asked:
+        ((_, reason, message),) = plan.events
+        assert reason == "CheckpointRequested"
+        assert "node.gke.io/machine-termination-datetime" in message
+        assert at(100 + ends_in).strftime("%Y-%m-%dT%H:%M:%SZ") in message
+    if wake is None:
+        assert plan.requeue is None
+    else:
+        assert plan.requeue == pytest.approx(wake)
+
+
+def test_a_termination_notice_is_asked_once():
+    job = facts(recorded={"attempt": 1, "nodePools": ["p1"]}, track=training())
+    world = World(terminating={"n0": at(150).timestamp()}, on_node={"n0": [worker(1)]})
+    first = plan_of(job)
+    notices.checkpoint_on_notices(job, first, world, 1)
+    again = facts(
+        recorded={"attempt": 1, "nodePools": ["p1"], "disruptionNotices": first.checkpoint_for},
+        track=training(),
+    )
+    second = plan_of(again)
+    notices.checkpoint_on_notices(again, second, world, 1)
+    assert first.checkpoint_for and not second.checkpoint_for

@@ -54,6 +54,7 @@ class World:
     not_ready: frozenset[str] = frozenset()
     unhealthy: dict[int, str] = field(default_factory=dict)
     noticed: dict[str, str] = field(default_factory=dict)
+    terminating: dict[str, float] = field(default_factory=dict)
     on_node: dict[str, list[PodView]] = field(default_factory=dict)
     others: list[PodView] = field(default_factory=list)
     fallback: str | None = None
@@ -87,6 +88,12 @@ class World:
 
     def noticed_nodes(self) -> Mapping[str, str]:
         return self.noticed
+
+    def terminating_nodes(self, before: float) -> Mapping[str, float]:
+        return {n: when for n, when in self.terminating.items() if when < before}
+
+    def pools_end(self, pools: list[str]) -> float | None:
+        return min(self.terminating.values(), default=None)
 
     def pods_on_node(self, node: str) -> list[PodView]:
         return self.on_node.get(node, [])
