@@ -124,10 +124,12 @@ class Autoprovisioning:
     mode: Literal["run", "simulate"] = "run"
     """Mode of the pools NAP creates (run: pods run as processes)."""
     zone: str = "us-central2-b"
-    provisioning_requests: Literal["provision", "fail", "expire"] = "provision"
+    provisioning_requests: Literal["provision", "fail", "expire", "hold"] = "provision"
     """What becomes of a ProvisioningRequest (``queued-provisioning.gke.io``) ``delay``
     seconds after it was accepted: its node pools are created all at once (Provisioned),
-    it fails (Failed), or its booking expires unused (Provisioned, then BookingExpired)."""
+    it fails (Failed), its booking expires unused (Provisioned, then BookingExpired), or
+    nothing (``hold``: accepted and never provisioned, as a request waits while GKE finds
+    no capacity)."""
     termination_notice: float = 20.0
     """Seconds before the end of a flex-start VM's run duration that its node is tainted
     ``cloud.google.com/impending-node-termination`` (then it is taken back)."""
@@ -661,7 +663,7 @@ class AutoProvisioner:
             if "Accepted" not in conditions:
                 await self._conditions(request, [("Accepted", "True", "Accepted", "")])
                 continue
-            if current - since < self.config.delay:
+            if current - since < self.config.delay or self.config.provisioning_requests == "hold":
                 continue
             await self._fulfil(request)
 

@@ -209,3 +209,45 @@ def test_flex_start_vms_taken_back_at_the_end_of_their_run_are_a_disruption(tpu:
     )
     assert again["countedRestarts"] == 0
     assert again["nodePools"] != [pool]
+
+
+def test_queued_capacity_that_does_not_come_falls_back_to_on_demand_vms(
+    tpu: Api, ns: str, cluster: Cluster
+):
+    # The ProvisioningRequest is accepted and never provisioned: after 10 s of waiting the
+    # job asks for on-demand VMs (provisioning: Auto, node auto-provisioning creates the
+    # pool), and the request is withdrawn.
+    cluster.agent.set_autoprovisioning(
+        Autoprovisioning(**{**SETTINGS.to_json(), "provisioning_requests": "hold"})
+    )
+    placement = {
+        "capacity": "QueuedProvisioning",
+        "provisioning": "Auto",
+        "fallbacks": [{"afterSeconds": 10, "spot": False}],
+    }
+    tpu.apply(job("fallback", ns, placement))
+    first = wait_until(
+        lambda: requests(tpu, ns),
+        timeout=60,
+        message=lambda: f"the first step's request: {tpu.status(ns, 'fallback')}",
+    )
+    assert sorted(first) == ["fallback-0-a1-r0"]
+    status = tpu.wait_phase(ns, "fallback", "Running", timeout=150)
+    assert status["fallback"]["step"] == 1 and status["fallback"]["capacity"] == "on-demand"
+    assert status["restarts"] == 0
+    (pool,) = status["nodePools"]
+    labels = node_labels(tpu, pool)
+    assert len(labels) == 4
+    assert not any(
+        contract.NODE_LABEL_QUEUED in n or contract.NODE_LABEL_FLEX_START in n for n in labels
+    )
+    for pod in tpu.pods(ns):
+        assert contract.NODE_LABEL_QUEUED not in pod["spec"]["nodeSelector"]
+        annotations = pod["metadata"].get("annotations") or {}
+        assert contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST not in annotations
+    wait_until(
+        lambda: requests(tpu, ns) == {},
+        timeout=30,
+        message=lambda: f"the first step's request withdrawn: {sorted(requests(tpu, ns))}",
+    )
+    assert "CapacityFallback" in {e["reason"] for e in tpu.events(ns, "fallback")}

@@ -328,6 +328,19 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         ["spec.placement.capacity", "FlexStart", "QueuedProvisioning"],
     ),
     (
+        "a fallback step of flex-start capacity on Spot VMs",
+        edit(
+            "spec.placement",
+            {"fallbacks": [{"afterSeconds": 60, "capacity": "FlexStart", "spot": True}]},
+        ),
+        ["spec.placement.fallbacks[0].capacity", "flex-start VMs are not Spot VMs"],
+    ),
+    (
+        "a fallback step with a maximum run duration and no capacity mode",
+        edit("spec.placement", {"fallbacks": [{"afterSeconds": 60, "maxRunDurationSeconds": 60}]}),
+        ["spec.placement.fallbacks[0].maxRunDurationSeconds", "flex-start VMs only"],
+    ),
+    (
         "a standalone TPUSlice whose Service name is not a DNS label",
         {
             "apiVersion": "tpu-operator.dev/v1alpha1",

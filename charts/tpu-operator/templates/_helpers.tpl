@@ -69,13 +69,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
   verbs: [create, patch]
 # Queued provisioning outside Kueue (placement.capacity: QueuedProvisioning,
 # docs/tasks/capacity.md): a PodTemplate and a ProvisioningRequest per slice and try,
-# created, and the request read while the slice waits for it.
+# created, the request read while the slice waits for it, and both deleted when the job
+# falls back to capacity of another kind (placement.fallbacks).
 - apiGroups: [""]
   resources: [podtemplates]
-  verbs: [create]
+  verbs: [create, delete]
 - apiGroups: [autoscaling.x-k8s.io]
   resources: [provisioningrequests]
-  verbs: [get, create]
+  verbs: [get, create, delete]
 {{- if .Values.kueue.enabled }}
 # Kueue integration (docs/tasks/kueue.md): one Workload per queued TPUJob; patch deactivates
 # and reactivates it around a suspend (spec.active).

@@ -1,10 +1,10 @@
 """Capacity fallbacks of a TPUJob: the placements it falls back to after waiting for one.
 
-``spec.placement`` is the first choice (its ``spot`` and ``reservation``); each entry of
-``spec.placement.fallbacks`` is the next, taken once the job has waited ``afterSeconds``
-for capacity on the one before (``policies/fallback.py``). A step is a placement: a
-further kind of capacity (flex-start, queued provisioning) is one more field of
-``CapacityStep`` and of ``Placement``. ``status.fallback`` says
+``spec.placement`` is the first choice (its ``spot``, ``reservation`` and ``capacity``);
+each entry of ``spec.placement.fallbacks`` is the next, taken once the job has waited
+``afterSeconds`` for capacity on the one before (``policies/fallback.py``). A step is a
+placement: a further kind of capacity is one more field of ``CapacityStep`` and of
+``Placement``. ``status.fallback`` says
 which step the job is on and since when.
 """
 
@@ -15,14 +15,44 @@ from typing import Any
 from pydantic import Field
 
 from tpu_operator.api.common import ApiModel, cel, rules
-from tpu_operator.api.policy import MAX_SECONDS, LabelValue, Placement
+from tpu_operator.api.policy import (
+    MAX_RUN_DURATION_SECONDS,
+    MAX_SECONDS,
+    Capacity,
+    LabelValue,
+    Placement,
+)
 
 MAX_FALLBACKS = 8
 
 
 class CapacityStep(ApiModel):
-    """A placement to fall back to: its spot and reservation replace the ones before."""
+    """A placement to fall back to: its spot, reservation, capacity and
+    maxRunDurationSeconds replace the ones before (unset: none of that kind)."""
 
+    model_config = {
+        **ApiModel.model_config,
+        "json_schema_extra": rules(
+            cel(
+                "!has(self.maxRunDurationSeconds) || has(self.capacity)",
+                "maxRunDurationSeconds applies to flex-start VMs only: set capacity to "
+                "FlexStart or QueuedProvisioning in this step, or remove it",
+                field_path=".maxRunDurationSeconds",
+            ),
+            cel(
+                "!has(self.capacity) || !has(self.spot) || self.spot == false",
+                "capacity: flex-start VMs are not Spot VMs; remove spot from this step (or "
+                "set it to false), or remove capacity",
+                field_path=".capacity",
+            ),
+            cel(
+                "!has(self.capacity) || !has(self.reservation)",
+                "capacity: flex-start VMs do not come from a reservation; remove "
+                "reservation or capacity from this step",
+                field_path=".capacity",
+            ),
+        ),
+    }
     after_seconds: int = Field(ge=1, le=MAX_SECONDS)
     """Fall back to this step once the job has waited this long for a node pool on the
     step before it (counted from when that wait, or that step, began)."""
@@ -30,13 +60,24 @@ class CapacityStep(ApiModel):
     """true: only Spot VMs; false: only on-demand VMs; unset: either."""
     reservation: LabelValue | None = None
     """Only nodes of this reservation (cloud.google.com/reservation-name); unset: any."""
+    capacity: Capacity | None = None
+    """FlexStart or QueuedProvisioning: flex-start VMs, as placement.capacity says; unset:
+    on-demand, Spot or reserved VMs as this step's spot and reservation say."""
+    max_run_duration_seconds: int | None = Field(default=None, ge=1, le=MAX_RUN_DURATION_SECONDS)
+    """(capacity only) The longest this step's flex-start VMs may run, in seconds."""
 
     def words(self) -> str:
-        return capacity_words(self.spot, self.reservation)
+        return capacity_words(self.spot, self.reservation, self.capacity)
 
 
-def capacity_words(spot: bool | None, reservation: str | None) -> str:
-    """``spot``, ``on-demand in reservation r``, ``any VMs``: a step in words."""
+CAPACITY_WORDS = {"FlexStart": "flex-start", "QueuedProvisioning": "queued provisioning"}
+
+
+def capacity_words(spot: bool | None, reservation: str | None, capacity: str | None = None) -> str:
+    """``spot``, ``on-demand in reservation r``, ``flex-start``, ``any VMs``: a step in
+    words."""
+    if capacity:
+        return CAPACITY_WORDS.get(capacity, capacity)
     kind = {True: "spot", False: "on-demand", None: ""}[spot]
     where = f"reservation {reservation}" if reservation else ""
     if kind and where:
@@ -83,7 +124,14 @@ class JobPlacement(Placement):
         if index <= 0 or not self.fallbacks:
             return self
         chosen = self.fallbacks[min(index, len(self.fallbacks)) - 1]
-        return self.model_copy(update={"spot": chosen.spot, "reservation": chosen.reservation})
+        return self.model_copy(
+            update={
+                "spot": chosen.spot,
+                "reservation": chosen.reservation,
+                "capacity": chosen.capacity,
+                "max_run_duration_seconds": chosen.max_run_duration_seconds,
+            }
+        )
 
 
 class FallbackStatus(ApiModel):

@@ -1,9 +1,10 @@
 """``spec.placement.fallbacks``: the capacity a job asks for after waiting for a node pool.
 
-``spec.placement`` (its ``spot`` and ``reservation``) is step 0; ``fallbacks[n-1]`` is step
-n. While the job waits for capacity on its step (``PodsScheduled`` False: no free node
-pool, ``WaitingForNodePools``, or its pods wait for the pools GKE is to create, or cannot
-be scheduled, ``Unschedulable``), it moves to the next step once it has waited that step's
+``spec.placement`` (its ``spot``, ``reservation`` and ``capacity``) is step 0;
+``fallbacks[n-1]`` is step n. While the job waits for capacity on its step
+(``PodsScheduled`` False: no free node pool, ``WaitingForNodePools``, or its pods wait for
+the pools GKE is to create, or for a ProvisioningRequest, or cannot be scheduled,
+``Unschedulable``), it moves to the next step once it has waited that step's
 ``afterSeconds`` on the one it is on, counted from the later of when the wait began (the
 condition's ``lastTransitionTime``) and when it moved to its step
 (``status.fallback.since``); a ``CapacityFallback`` event says so. The pools it is then
@@ -25,7 +26,7 @@ from tpu_operator.api.policy import Placement
 from tpu_operator.api.status import ConditionType, Reason
 from tpu_operator.policies.plan import JobFacts, Plan
 
-STEP_FIELDS = ("spot", "reservation")
+STEP_FIELDS = ("spot", "reservation", "capacity", "maxRunDurationSeconds")
 """The placement fields a step replaces."""
 
 
@@ -35,15 +36,15 @@ def step_of(status: TPUJobStatus) -> int:
 
 
 def placement_of(facts: JobFacts, status: TPUJobStatus) -> Placement | None:
-    """The placement the job asks for now: spec.placement with its step's spot and
-    reservation."""
+    """The placement the job asks for now: spec.placement with its step's spot,
+    reservation and capacity."""
     placement = facts.spec.placement
     return placement.step(step_of(status)) if placement is not None else None
 
 
 def wire_placement(raw: dict[str, Any] | None, status: TPUJobStatus) -> dict[str, Any] | None:
-    """The placement the job's TPUSlices carry (as stored, camelCase): the step's spot and
-    reservation, without the fallbacks (a TPUSlice has none)."""
+    """The placement the job's TPUSlices carry (as stored, camelCase): the step's spot,
+    reservation and capacity, without the fallbacks (a TPUSlice has none)."""
     if raw is None:
         return None
     placement = {k: v for k, v in raw.items() if k != "fallbacks"}
@@ -105,7 +106,8 @@ def check(facts: JobFacts, plan: Plan) -> bool:
         "Normal",
         Reason.CAPACITY_FALLBACK,
         f"waited {waited:.0f} s for a node pool of "
-        f"{capacity_words(before.spot, before.reservation)} (step {current}); falling back "
+        f"{capacity_words(before.spot, before.reservation, before.capacity)} (step {current}); "
+        f"falling back "
         f"to step {current + 1} of placement.fallbacks: {following.words()}",
     )
     return True

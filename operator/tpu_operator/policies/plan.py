@@ -18,7 +18,7 @@ from tpu_operator import contract
 from tpu_operator.api.conditions import set_condition
 from tpu_operator.api.job import TPUJobSpec, TPUJobStatus
 from tpu_operator.api.monitoring import Monitoring
-from tpu_operator.api.policy import FailurePolicy
+from tpu_operator.api.policy import FailurePolicy, Placement
 from tpu_operator.api.status import ConditionType
 from tpu_operator.catalog import SliceShape
 from tpu_operator.placement.pools import Allocation, PoolGone, Request
@@ -84,8 +84,11 @@ class World(Protocol):
         """Claim references whose pool GKE created, replaced by its name."""
         ...
 
-    def vanished_pools(self, refs: list[str], created: Iterable[int]) -> list[PoolGone]:
-        """The recorded pools with no nodes left, and what to do about each."""
+    def vanished_pools(
+        self, refs: list[str], created: Iterable[int], placement: Placement | None
+    ) -> list[PoolGone]:
+        """The recorded pools with no nodes left, and what to do about each, for slices
+        placed as ``placement`` says (the capacity step the job is on)."""
         ...
 
     def unhealthy_pools(self, refs: list[str]) -> dict[int, str]:

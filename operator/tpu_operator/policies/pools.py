@@ -27,7 +27,7 @@ def renew_vanished(
     """Replace the recorded pools of ``attempt`` that have no nodes left and that its
     slices (those not in ``created``) should not wait for, and say which are gone."""
     refs = plan.status.node_pools or []
-    gone = world.vanished_pools(refs, created)
+    gone = world.vanished_pools(refs, created, fallback.placement_of(facts, plan.status))
     plan.pools_gone = [g.message for g in gone]
     if not any(g.reclaim for g in gone):
         return

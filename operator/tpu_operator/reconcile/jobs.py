@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from tpu_operator import contract, supervision
 from tpu_operator.api.job import TPUJobSpec
 from tpu_operator.api.monitoring import Monitoring
-from tpu_operator.api.policy import FailurePolicy
+from tpu_operator.api.policy import FailurePolicy, Placement
 from tpu_operator.api.status import TERMINAL_PHASES, Phase, Reason, ResolvedShape
 from tpu_operator.builders.pods import Owner
 from tpu_operator.builders.service import headless_service
@@ -166,8 +166,10 @@ class CachedWorld:
     def resolve_claims(self, refs: list[str]) -> tuple[list[str], dict[int, str], list[str]]:
         return resolve_claims(self.ctx, refs, self.shape)
 
-    def vanished_pools(self, refs: list[str], created: Iterable[int]) -> list[PoolGone]:
-        return vanished(self.ctx, refs, self.spec.placement, created)
+    def vanished_pools(
+        self, refs: list[str], created: Iterable[int], placement: Placement | None
+    ) -> list[PoolGone]:
+        return vanished(self.ctx, refs, placement, created)
 
     def unhealthy_pools(self, refs: list[str]) -> dict[int, str]:
         return unhealthy(self.ctx, refs, self.shape.hosts)

@@ -228,6 +228,8 @@ class SliceRun:
         self.provisioning: tuple[str, int, str] | None = None
         """The ProvisioningRequest of this reconcile: (name, tries, state in words)."""
         self.provisioning_events: list[tuple[str, Reason, str]] = []
+        self.withdrawn = False
+        """This reconcile withdrew the slice's ProvisioningRequest (its capacity changed)."""
 
     def _after(self, seconds: float) -> None:
         seconds = max(seconds, MIN_REQUEUE_SECONDS)
@@ -373,9 +375,15 @@ class SliceRun:
         kueue_made = contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST in (
             (template_meta or {}).get("annotations") or {}
         )
+        status = self.status
+        if status.provisioning_request and mode.capacity != QUEUED and not kueue_made:
+            # The job fell back from queued provisioning to capacity of another kind: the
+            # request it made is withdrawn, so that no VMs are booked for pods that no
+            # longer come.
+            await self._withdraw(status.provisioning_request)
+            self.withdrawn = True
         if mode.capacity != QUEUED or kueue_made or stopping or not target:
             return mode
-        status = self.status
         tries = status.provisioning_tries if status.attempt == target else 0
         name = request_name(self.name, target, tries)
         path = namespaced(self.namespace, PROVISIONING_REQUEST_PLURAL, group=PROVISIONING_GROUP)
@@ -422,6 +430,24 @@ class SliceRun:
         if kind not in ("Provisioned",) or not scheduled:
             self._after(PROVISIONING_POLL_SECONDS)
         return replace(mode, provisioning_request=name)
+
+    async def _withdraw(self, name: str) -> None:
+        """Delete a ProvisioningRequest this slice made, and its PodTemplate. One that
+        cannot be deleted is left to GKE (a booking nobody consumes expires) and said in
+        the log: the slice goes on with its new capacity either way."""
+        path = namespaced(self.namespace, PROVISIONING_REQUEST_PLURAL, group=PROVISIONING_GROUP)
+        try:
+            if await self.ctx.kube.delete(f"{path}/{name}"):
+                log.info("withdrew ProvisioningRequest %s/%s", self.namespace, name)
+            await self.ctx.kube.delete(f"{namespaced(self.namespace, 'podtemplates')}/{name}")
+        except ApiError as exc:
+            log.warning(
+                "cannot withdraw ProvisioningRequest %s/%s, left for GKE to expire (the "
+                "operator's role needs delete on provisioningrequests and podtemplates): %s",
+                self.namespace,
+                name,
+                exc,
+            )
 
     async def _make_request(
         self, name: str, target: int, node_pool: str | None, mode: CapacityMode
@@ -762,7 +788,7 @@ class SliceRun:
             request, tries, words = self.provisioning
             status.provisioning_request, status.provisioning_tries = request, tries
             status.provisioning_state = words
-        elif status.attempt != old.attempt:
+        elif status.attempt != old.attempt or self.withdrawn:
             status.provisioning_request, status.provisioning_tries = None, 0
             status.provisioning_state = ""
         if target and not stopping and not state.to_create and state.outcome != "Creating":

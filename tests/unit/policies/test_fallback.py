@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from tests.unit.policies.world import World, facts, plan_of, reasons, stamp_at
+from tpu_operator import crdgen
 from tpu_operator.api.job import TPUJobStatus
 from tpu_operator.placement.pools import Allocation
 from tpu_operator.policies import fallback, start
@@ -170,6 +171,17 @@ def test_a_fallen_back_job_asks_for_pools_of_its_step():
     assert [r.spot for r in world.allocated[-1]] == [False]
 
 
+FLEX_THEN_RESERVATION = {
+    "capacity": "FlexStart",
+    "maxRunDurationSeconds": 3600,
+    "fallbacks": [{"afterSeconds": 600, "reservation": "r1"}],
+}
+SPOT_THEN_QUEUED = {
+    "spot": True,
+    "fallbacks": [{"afterSeconds": 600, "capacity": "QueuedProvisioning"}],
+}
+
+
 @pytest.mark.parametrize(
     ("placement", "step", "wire"),
     [
@@ -186,6 +198,11 @@ def test_a_fallen_back_job_asks_for_pools_of_its_step():
             {"spot": True, "provisioning": "Auto"},
         ),
         ({**RESERVATION_THEN_SPOT_THEN_ANY, "provisioning": "Auto"}, 2, {"provisioning": "Auto"}),
+        # Flex-start, then a reservation: the step's capacity replaces the one before.
+        (FLEX_THEN_RESERVATION, 0, {"capacity": "FlexStart", "maxRunDurationSeconds": 3600}),
+        (FLEX_THEN_RESERVATION, 1, {"reservation": "r1"}),
+        # Spot, then queued provisioning.
+        (SPOT_THEN_QUEUED, 1, {"capacity": "QueuedProvisioning"}),
     ],
 )
 def test_the_slices_carry_the_placement_of_the_step(placement, step, wire):
@@ -194,7 +211,42 @@ def test_the_slices_carry_the_placement_of_the_step(placement, step, wire):
     job = facts(0, placement=placement)
     chosen = fallback.placement_of(job, status)
     assert chosen is not None
-    assert (chosen.spot, chosen.reservation) == (wire.get("spot"), wire.get("reservation"))
+    assert (chosen.spot, chosen.reservation, chosen.capacity, chosen.max_run_duration_seconds) == (
+        wire.get("spot"),
+        wire.get("reservation"),
+        wire.get("capacity"),
+        wire.get("maxRunDurationSeconds"),
+    )
+
+
+def test_a_flex_start_job_falls_back_to_a_reservation_and_says_so():
+    job = facts(
+        900, recorded={"phase": "Pending", "conditions": [NO_POOL]}, placement=FLEX_THEN_RESERVATION
+    )
+    plan = plan_of(job)
+    world = World(allocation=Allocation(None, "waiting"))
+    start.start(job, plan, world, 0, None)
+    # Flex-start capacity comes as a new pool of its own (a fresh claim).
+    assert [(r.fresh, r.reservation) for r in world.allocated[-1]] == [(True, None)]
+    said = len(plan.events)
+    fallback.check(job, plan)
+    ((_, _, message),) = plan.events[said:]
+    assert message == (
+        "waited 900 s for a node pool of flex-start (step 0); falling back to step 1 of "
+        "placement.fallbacks: reservation r1"
+    )
+    start.start(job, plan, world, 0, None)
+    assert [(r.fresh, r.reservation) for r in world.allocated[-1]] == [(False, "r1")]
+
+
+def test_a_step_of_flex_start_capacity_has_the_rules_of_a_placement():
+    crd = crdgen.crds()["tpu-operator.dev_tpujobs.yaml"]
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    step = schema["properties"]["spec"]["properties"]["placement"]["properties"]["fallbacks"]
+    rules = {r["fieldPath"]: r["message"] for r in step["items"]["x-kubernetes-validations"]}
+    assert "flex-start VMs only" in rules[".maxRunDurationSeconds"]
+    assert set(step["items"]["properties"]) >= {"capacity", "maxRunDurationSeconds"}
+    # the apiserver evaluates them: tests/operator/test_validation.py
 
 
 def test_an_attempt_started_again_without_free_pools_stops_its_pods_meanwhile():

@@ -10,6 +10,7 @@ from typing import Any
 
 from tests.unit.fakeapi import T0
 from tpu_operator.api.job import TPUJobSpec
+from tpu_operator.api.policy import Placement
 from tpu_operator.placement.pools import Allocation, PoolGone, Request
 from tpu_operator.policies.plan import JobFacts, Plan, SliceRefusal
 from tpu_operator.progress.tracker import JobTrack
@@ -76,7 +77,9 @@ class World:
         out = [self.resolved.get(i, ref) for i, ref in enumerate(refs)]
         return out, self.resolved, self.still_provisioning
 
-    def vanished_pools(self, refs: list[str], created: Iterable[int]) -> list[PoolGone]:
+    def vanished_pools(
+        self, refs: list[str], created: Iterable[int], placement: Placement | None
+    ) -> list[PoolGone]:
         done = set(created)
         return [g for g in self.gone if not (g.reclaim and g.index in done)]
 
