@@ -274,3 +274,64 @@ def test_without_a_key_every_command_is_refused(tmp_path: Path) -> None:
         # SIGTERM before training started: the child exits retryable, so does the supervisor.
         pod.signal(signal.SIGTERM)
         assert gang.wait(120, [pod]) == {0: contract.EXIT_RETRYABLE}, gang.logs()
+
+
+# Loaded by every Python process of the pod through PYTHONPATH: the supervisor's child
+# (only it) holds its start-up here, before its worker installs any signal handler, until
+# the test opens the gate.
+_GATE = f"""
+import os, pathlib, time
+if os.environ.get({contract.ENV_SUPERVISED_CHILD!r}):
+    gate = pathlib.Path(os.environ["TEST_STARTUP_GATE"])
+    (gate / "starting").write_text(str(os.getpid()))
+    while not (gate / "open").exists():
+        time.sleep(0.05)
+"""
+
+
+def test_a_checkpoint_request_to_a_starting_child_is_kept_until_it_can_act(
+    tmp_path: Path,
+) -> None:
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / "sitecustomize.py").write_text(_GATE)
+    checkpoints = tmp_path / "ckpt"
+    args = launch.worker_command(
+        "demo",
+        "--steps",
+        "100000",
+        "--log-every",
+        "1",
+        "--init-timeout",
+        "120",
+        "--step-sleep",
+        "0.3",
+        "--checkpoint-dir",
+        str(checkpoints),
+        "--checkpoint-every",
+        "100000",
+    )
+    env = {**supervised_env(tmp_path), "PYTHONPATH": str(gate), "TEST_STARTUP_GATE": str(gate)}
+    wirings = launch.wirings(topology="2x2", attempt=1)
+    assert len(wirings) == 1
+    with launch.gang(wirings, tmp_path / "pods", env) as gang:
+        gang.start(args)
+        pod = gang.pods[0]
+        until("the child held in its start-up", (gate / "starting").exists, 120, gang)
+        child = status(pod)
+        assert (child["state"], child["pid"]) == ("running", int((gate / "starting").read_text()))
+        # The answer comes once the supervisor signalled the child (before its handler).
+        code, body, _ = call(pod, "POST", sv.CHECKPOINT_PATH, {"attempt": 1, "id": "early"})
+        assert code == 200 and body["checkpoints"] == ["early"], body
+        assert not (gate / "open").exists()
+        assert status(pod)["pid"] == child["pid"], "the early request killed the child"
+        (gate / "open").touch()
+        gang.wait_for_log(pod, "(requested)", STARTUP_S)
+        saved = re.search(r"checkpoint saved at step (\d+) to \S+ \(requested\)", pod.log())
+        assert saved, pod.log()
+        step = int(saved.group(1))
+        assert step in checkpoint_steps(checkpoints)
+        gang.wait_for_log(pod, f"step {step + 3} loss", 120)  # training went on
+        assert status(pod)["state"] == "running"
+        assert scrape(pod.metrics_url).value(wm.CHECKPOINT_REQUESTS_TOTAL) == 1
+        assert pod.log().count("(requested)") == 1

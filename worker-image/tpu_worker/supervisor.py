@@ -507,9 +507,14 @@ def main(argv: Sequence[str], termination_grace_s: float | None) -> int:
         )
     elif problem is not None:
         log.error("%s: every control command will be refused with 401", problem)
-    # The children inherit SIGUSR1 ignored until the worker installs its handler, so an
-    # early checkpoint request cannot kill a child that is still starting.
+    # The children inherit SIGUSR1 (checkpoint requests) ignored and blocked, both kept
+    # across exec: a request to a child that is still starting neither kills it nor is
+    # lost. The kernel keeps a blocked signal pending even while it is ignored, and the
+    # worker unblocks it once its handler is installed (``TerminationHandler.install``),
+    # which delivers it then. The main thread, which spawns every child, blocks it before
+    # any other thread starts.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     supervisor = Supervisor(argv, env, grace_s)
     try:
         server = ControlServer(supervisor, verifier, address, port)

@@ -82,7 +82,9 @@ class TerminationHandler:
         """Take SIGTERM and SIGUSR1 (call from the main thread, before anything else runs).
 
         SIGUSR1 is the supervisor's checkpoint request (``Reporter.request_checkpoint``):
-        the reader thread passes it on, outside the signal handler.
+        the reader thread passes it on, outside the signal handler. A supervised process
+        starts with SIGUSR1 blocked (``supervisor.main``): a request that came while it
+        was starting is pending, and arrives once everything here is in place.
         """
         signal.signal(signal.SIGTERM, self._python_handler)
         signal.signal(signal.SIGUSR1, self._python_usr1_handler)
@@ -94,6 +96,7 @@ class TerminationHandler:
         action = _current_action(signal.SIGTERM)
         self._python_action = action.handler if action is not None else None
         threading.Thread(target=self._read_wakeups, name="tpu-worker-sigterm", daemon=True).start()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
 
     def chain_native(self) -> None:
         """After JAX installed its own SIGTERM handler: remember it and take SIGTERM back."""
