@@ -226,7 +226,7 @@ def test_a_maintenance_notice_asks_the_workers_to_checkpoint(
         status = tpu.status(namespace, "noticed")
         assert status["checkpointRequests"] == 1
         assert status["disruptionNotices"] == [
-            f"node {node}: maintenance scheduled at {when} ({MAINTENANCE_TIME_LABEL})"
+            f"attempt 1: maintenance scheduled at {when} ({MAINTENANCE_TIME_LABEL})"
         ]
         assert (status["phase"], status["attempt"]) == ("Running", 1)
         assert saved[0] < 1000

@@ -575,7 +575,7 @@ def test_a_maintenance_notice_asks_every_worker_to_checkpoint_once():
     status = cluster.job("j")["status"]
     assert status["checkpointRequests"] == 1
     assert status["disruptionNotices"] == [
-        f"node {node}: maintenance scheduled at 1795399137 "
+        "attempt 1: maintenance scheduled at 1795399137 "
         "(cloud.google.com/scheduled-maintenance-time)"
     ]
     assert cluster.recorded.reasons("j").count("CheckpointRequested") == 1

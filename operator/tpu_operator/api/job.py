@@ -212,7 +212,8 @@ class TPUJobStatus(ApiModel):
     """How often the workers were asked to checkpoint ahead of a node disruption."""
     disruption_notices: list[str] = Field(default_factory=list, max_length=64)
     """The node disruption notices (maintenance, termination) the workers were asked to
-    checkpoint for, newest last (each notice once)."""
+    checkpoint for, newest last: one entry per attempt and kind of notice, however many
+    nodes have it (``attempt N: <notice>``)."""
     ready: str = ""
     """Ready workers of the current attempt, as ready/total."""
     slices_ready: str = ""

@@ -8,6 +8,7 @@ they train. A VM that says when GKE takes it back (a flex-start VM's
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 from tpu_operator import contract
 from tpu_operator.api.status import Reason
@@ -49,28 +50,39 @@ def termination_notices(facts: JobFacts, plan: Plan, world: World) -> dict[str, 
         plan.after(end - lead - now)
     return {
         node: (
-            f"VM taken back at {dt.datetime.fromtimestamp(when, dt.UTC):%Y-%m-%dT%H:%M:%SZ} "
+            f"run duration ends at {dt.datetime.fromtimestamp(when, dt.UTC):%Y-%m-%dT%H:%M:%SZ} "
             f"({contract.NODE_ANNOTATION_TERMINATION})"
         )
         for node, when in world.terminating_nodes(now + lead).items()
     }
 
 
+def kind_of(notice: str) -> str:
+    """A notice without what differs from node to node of one event (the time a taint was
+    added, each VM's end of run duration): the nodes of a slice, or of a whole job, that
+    GKE disrupts at once give one notice."""
+    return _NODE_DETAIL.sub("", notice)
+
+
+_NODE_DETAIL = re.compile(r" since [^\s)]+| at \d{4}-\d\d-\d\dT[^\s)]+")
+
+
 def checkpoint_on_notices(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
-    """New notices on the nodes of ``attempt``'s pods: remembered, and a checkpoint asked
-    of the workers after the status write (``plan.checkpoint_for``)."""
+    """New notices on the nodes of ``attempt``'s pods: remembered (one entry per kind of
+    notice and attempt, however many nodes have it), and a checkpoint asked of the workers
+    after the status write (``plan.checkpoint_for``)."""
     status = plan.status
     noticed = {**termination_notices(facts, plan, world), **world.noticed_nodes()}
     if facts.monitoring.enabled and (facts.track is None or facts.track.step is None):
-        # Not training yet (importing, rendezvous, compiling): a request now would reach
-        # processes that cannot take it. The notice is handled once steps are seen.
+        # Not training yet (importing, rendezvous, compiling): the notice is handled once
+        # steps are seen (a checkpoint before the first step saves nothing).
         return
     seen = set(status.disruption_notices)
-    new: list[str] = []
+    found: dict[str, list[tuple[str, str]]] = {}
     # From the few noticed nodes to their pods, not from every pod of the job to its
     # node: this runs on each reconcile of a running job of up to 12,736 pods.
     for node, notice in sorted(noticed.items()):
-        key = f"node {node}: {notice}"
+        key = f"attempt {attempt}: {kind_of(notice)}"
         if key in seen:
             continue
         if any(
@@ -80,15 +92,23 @@ def checkpoint_on_notices(facts: JobFacts, plan: Plan, world: World, attempt: in
             and p.job_name == facts.name
             for p in world.pods_on_node(node)
         ):
-            seen.add(key)
-            new.append(key)
-    if not new:
+            found.setdefault(key, []).append((node, notice))
+    if not found:
         return
+    new = list(found)
     status.disruption_notices = [*status.disruption_notices, *new][-MAX_NOTICES:]
     status.checkpoint_requests += 1
     plan.checkpoint_for = new
     plan.event(
         "Normal",
         Reason.CHECKPOINT_REQUESTED,
-        f"asking the {facts.total_workers} workers to checkpoint now: " + "; ".join(new),
+        f"asking the {facts.total_workers} workers to checkpoint now: "
+        + "; ".join(_said(nodes) for nodes in found.values()),
     )
+
+
+def _said(nodes: list[tuple[str, str]]) -> str:
+    """One kind of notice in words: the first node's, and how many more have it."""
+    node, notice = nodes[0]
+    more = f" (and {len(nodes) - 1} more nodes)" if len(nodes) > 1 else ""
+    return f"node {node}: {notice}{more}"

@@ -42,7 +42,7 @@ def training() -> JobTrack:
     ("on_node", "seen", "track", "asked"),
     [
         ([worker(1)], [], training(), True),
-        ([worker(1)], ["node n0: maintenance at 12:00"], training(), False),  # asked once
+        ([worker(1)], ["attempt 1: maintenance at 12:00"], training(), False),  # asked once
         ([worker(0)], [], training(), False),  # a pod of another attempt
         ([worker(1, "k")], [], training(), False),  # another job's pod
         ([worker(1)], [], None, False),  # not training yet: asked once it is
@@ -110,3 +110,48 @@ def test_a_termination_notice_is_asked_once():
     second = plan_of(again)
     notices.checkpoint_on_notices(again, second, world, 1)
     assert first.checkpoint_for and not second.checkpoint_for
+
+
+def test_a_notice_on_every_node_of_a_large_slice_asks_once():
+    # 64 VMs tainted a few seconds apart: one kind of notice, one request, however many
+    # reconciles follow (status keeps at most MAX_NOTICES entries).
+    nodes = {
+        f"n{i}": f"impending termination (taint t since 2026-11-27T10:00:{i % 60:02d}Z)"
+        for i in range(64)
+    }
+    on_node = {n: [worker(1)] for n in nodes}
+    world = World(noticed=nodes, on_node=on_node)
+    recorded: dict = {"attempt": 1, "disruptionNotices": []}
+    asked = 0
+    for _ in range(3):
+        job = facts(recorded=recorded, track=training())
+        plan = plan_of(job)
+        notices.checkpoint_on_notices(job, plan, world, 1)
+        asked += bool(plan.checkpoint_for)
+        recorded = {"attempt": 1, "disruptionNotices": plan.status.disruption_notices}
+    assert asked == 1
+    assert recorded["disruptionNotices"] == ["attempt 1: impending termination (taint t)"]
+
+
+def test_the_event_names_one_node_and_counts_the_others():
+    nodes = {
+        "a": "impending termination (taint t since 1)",
+        "b": "impending termination (taint t since 2)",
+    }
+    world = World(noticed=nodes, on_node={"a": [worker(1)], "b": [worker(1)]})
+    job = facts(recorded={"attempt": 1}, track=training())
+    plan = plan_of(job)
+    notices.checkpoint_on_notices(job, plan, world, 1)
+    ((_, _, message),) = plan.events
+    assert message.endswith("node a: impending termination (taint t since 1) (and 1 more nodes)")
+
+
+def test_a_new_attempt_takes_a_notice_again():
+    world = World(noticed={"n0": "maintenance at 12:00"}, on_node={"n0": [worker(2)]})
+    job = facts(
+        recorded={"attempt": 2, "disruptionNotices": ["attempt 1: maintenance at 12:00"]},
+        track=training(),
+    )
+    plan = plan_of(job)
+    notices.checkpoint_on_notices(job, plan, world, 2)
+    assert plan.checkpoint_for == ["attempt 2: maintenance at 12:00"]
