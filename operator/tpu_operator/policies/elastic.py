@@ -175,7 +175,7 @@ def grow(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
         allocation = None
         if len(refs) == facts.spec.num_slices and not pinned:
             requests = [
-                replace(r, provision=False, leaves=refs[i])
+                replace(r, provision=False, leaves=refs[i], replacing=True)
                 if i in other
                 else replace(r, pinned=refs[i])
                 for i, r in enumerate(requests_for(facts.shape, placement, len(refs)))

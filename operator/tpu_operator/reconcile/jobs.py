@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -42,7 +43,13 @@ from tpu_operator.builders.supervision import (
 from tpu_operator.builders.wiring import Ports
 from tpu_operator.builders.workload import queue_name
 from tpu_operator.catalog import CatalogError, SliceShape, chips_per_host_choices
-from tpu_operator.placement.pools import Allocation, MachineChoice, PoolGone, Request
+from tpu_operator.placement.pools import (
+    Allocation,
+    MachineChoice,
+    PoolGone,
+    Request,
+    job_spares,
+)
 from tpu_operator.policies import (
     elastic,
     failure,
@@ -152,6 +159,9 @@ class CachedWorld:
         self.holder = job_holder(self.meta["namespace"], self.meta["name"])
 
     def allocate(self, requests: list[Request]) -> Allocation:
+        own = job_spares(self.spec.placement)
+        if own:
+            requests = [replace(r, spares=r.spares | own) for r in requests]
         return choose_pools(self.ctx, self.holder, requests)
 
     def claims(self, slices: int, renewal: int | None = None) -> list[str]:
