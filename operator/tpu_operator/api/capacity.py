@@ -128,8 +128,8 @@ class JobPlacement(Placement):
     """Node pools held in reserve for this job: its first placement never takes them;
     when a restart recreates a slice whose own pool is unhealthy (a VM not ready,
     cordoned or gone) or wore out (failurePolicy.maxSliceFailuresPerPool), the slice
-    moves to a free spare of its shape at once (a spare first, then any other free
-    pool), instead of waiting for the repair. The broken pool is given to no job until
+    moves at once to a free healthy pool of its shape, a spare first, instead of
+    waiting for the repair. The broken pool is given to no job until
     it is healthy again (status.brokenNodePools, condition NodePoolsHealthy), then it is
     free. The operator's --spare-node-pool-selector adds spares that every job may move
     to and no job's first placement takes."""
