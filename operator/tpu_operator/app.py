@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_operator import contract
-from tpu_operator.placement.pools import pools_from_nodes
+from tpu_operator.placement.pools import pools_from_nodes, spares_of
 from tpu_operator.reconcile.cached import JOBS, SLICES
 from tpu_operator.reconcile.context import Context
 from tpu_operator.reconcile.jobs import JobReconciler
@@ -110,6 +110,8 @@ class OperatorConfig:
     (docs/tasks/kueue.md); needs Kueue's CRDs."""
     default_provisioning: str = "ExistingPools"
     """spec.placement.provisioning of the objects that leave it unset."""
+    spare_node_pool_selector: dict[str, str] = field(default_factory=dict)
+    """Node labels of the spare node pools of every job (empty: none)."""
     in_place_restarts: bool = True
     """Restart gangs in place where the workers run the supervisor
     (docs/concepts/attempts-and-restarts.md)."""
@@ -133,6 +135,12 @@ class OperatorConfig:
             f"metrics :{self.metrics_port} ({guard}); liveness :{self.health_port}/healthz; "
             f"{election}; "
             f"placement.provisioning default {self.default_provisioning}"
+            + (
+                "; spare node pools "
+                + ",".join(f"{k}={v}" for k, v in sorted(self.spare_node_pool_selector.items()))
+                if self.spare_node_pool_selector
+                else ""
+            )
         )
 
 
@@ -230,6 +238,7 @@ class Runtime:
             slices=self.slices,
             metrics=self.metrics,
             default_provisioning=config.default_provisioning,
+            default_spares=spares_of(match_labels=config.spare_node_pool_selector),
             control_network_policy=(
                 frozenset(config.control_network_policy) if config.control_network_policy else None
             ),

@@ -156,6 +156,15 @@ def _parser() -> argparse.ArgumentParser:
         "auto-provisioning, Autopilot); docs/tasks/spot-and-reservations.md",
     )
     run.add_argument(
+        "--spare-node-pool-selector",
+        type=_spare_selector,
+        default=None,
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="node labels of spare node pools held in reserve for every TPUJob: no job's "
+        "first placement takes them; a slice a restart moves off a broken pool may "
+        "(spec.placement.spares adds a job's own; docs/tasks/restarts.md)",
+    )
+    run.add_argument(
         "--control-key-file",
         default=os.environ.get("TPU_OPERATOR_CONTROL_KEY_FILE"),
         help="master key of the control channel to the workers' supervisors (in-place "
@@ -203,6 +212,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("version", help="print the version")
     return parser
+
+
+def _spare_selector(text: str) -> dict[str, str]:
+    from tpu_operator.placement.pools import parse_selector
+
+    try:
+        return parse_selector(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def lease_settings(args: argparse.Namespace) -> LeaseSettings | None:
@@ -293,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics_cert_dir=args.metrics_cert_dir,
             kueue=args.kueue,
             default_provisioning=args.default_provisioning,
+            spare_node_pool_selector=args.spare_node_pool_selector or {},
             in_place_restarts=args.in_place_restarts,
             control_key_file=args.control_key_file,
             control_network_policy=args.control_network_policy,

@@ -218,6 +218,26 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         ["spec.placement.nodePools", "one node pool per slice"],
     ),
     (
+        "spare pools that name none",
+        edit("spec.placement", {"spares": {}}),
+        ["spec.placement.spares", "name the spare node pools (nodePools), select them by label"],
+    ),
+    (
+        "spare pools of a job that pins its pools",
+        edit("spec.placement", {"nodePools": ["a", "b"], "spares": {"nodePools": ["c"]}}),
+        ["spec.placement.spares", "a job that pins its node pools"],
+    ),
+    (
+        "a spare selector with a key that is no label key",
+        edit("spec.placement", {"spares": {"selector": {"matchLabels": {"not a key": "x"}}}}),
+        ["spec.placement.spares.selector.matchLabels", "every key must be a label key"],
+    ),
+    (
+        "a spare selector that selects nothing",
+        edit("spec.placement", {"spares": {"selector": {"matchLabels": {}}}}),
+        ["spec.placement.spares.selector.matchLabels", "should have at least 1 properties"],
+    ),
+    (
         "an elastic job that needs more slices than it has",
         edit("spec.elastic", {"minSlices": 3}),
         ["spec.elastic.minSlices", "1 to numSlices"],

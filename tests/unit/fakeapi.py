@@ -118,6 +118,7 @@ class Recorded:
     pods_created: int = 0
     running_after: list[float] = field(default_factory=list)
     waits: list[tuple[str, float]] = field(default_factory=list)
+    moves: list[str] = field(default_factory=list)
     enqueued: list[Any] = field(default_factory=list)
 
     def emit(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
@@ -134,6 +135,9 @@ class Recorded:
 
     def waited(self, reason: str, seconds: float) -> None:
         self.waits.append((reason, seconds))
+
+    def slice_moved(self, to: str) -> None:
+        self.moves.append(to)
 
     def add(
         self, key: Any, after: float = 0.0, *, urgent: bool = False, routine: bool = False

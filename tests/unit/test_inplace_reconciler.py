@@ -20,6 +20,7 @@ from tests.unit.fakeapi import NS, FakeCluster, stamp
 from tpu_operator import contract
 from tpu_operator import supervision as sv
 from tpu_operator.builders.supervision import MAX_STOP_GRACE_SECONDS
+from tpu_operator.placement.pools import spares_of
 from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime.control import ControlError, ProcessState
@@ -844,3 +845,51 @@ def test_a_new_pods_supervisor_not_listening_yet_is_started_on_a_later_pass():
     cluster.settle()
     status = cluster.job("j")["status"]
     assert (status["phase"], status["attempt"], status["restarts"]) == ("Running", 2, 1)
+
+
+def test_the_operator_s_spares_are_kept_from_placements_and_taken_to_replace_a_slice():
+    """The operator's spare selector names pool p0-spare: the job's first placement
+    leaves it (though it sorts first); when a VM of slice 1's pool is deleted, slice 1
+    moves to the spare (though free pool p0 sorts before it), slice 0 restarts in place,
+    and the pool left is reported until it has all its VMs again."""
+    cluster, channel = supervised_cluster()
+    cluster.ctx.default_spares = spares_of(match_labels={"example.com/pool-role": "spare"})
+    for name in cluster.add_pool("p0-spare", *V5P, hosts=2):
+        cluster.objects[f"/api/v1/nodes/{name}"]["metadata"]["labels"]["example.com/pool-role"] = (
+            "spare"
+        )
+    uids = running_job(cluster, channel, slices=2)
+    pools = cluster.job("j")["status"]["nodePools"]
+    assert pools == ["p1", "p2"]
+    cluster.add_pool("p0", *V5P, hosts=2)
+    node = cluster.pods("j")["j-1-0"]["spec"]["nodeName"]
+    deleted = cluster.objects.pop(f"/api/v1/nodes/{node}")
+    cluster.evict_pod("j-1-0", reason="DeletionByPodGC")
+    cluster.confirm_deletion("j-1-0")
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["restartKind"], status["recreatedSlices"]) == (
+        2,
+        "Mixed",
+        [1],
+    )
+    assert status["nodePools"] == ["p1", "p0-spare"]
+    (moved,) = [m for n, _, r, m in cluster.recorded.events if r == "NodePoolUnhealthy"]
+    assert "p2 has 1 of the 2 VMs its slice needs; moved to spare node pool p0-spare" in moved
+    (broken,) = status["brokenNodePools"]
+    assert (broken["nodePool"], broken["movedTo"], broken["spare"]) == ("p2", "p0-spare", True)
+    (healthy,) = [c for c in status["conditions"] if c["type"] == "NodePoolsHealthy"]
+    assert (healthy["status"], healthy["reason"]) == ("False", "NodePoolUnhealthy")
+    kept = {n: u for n, u in uids.items() if n.startswith("j-0-")}
+    assert {n: cluster.pods("j")[n]["metadata"]["uid"] for n in kept} == kept
+    assert cluster.recorded.moves == ["spare"]
+    # GKE replaces the VM: the pool leaves the report and is free again.
+    cluster.objects[f"/api/v1/nodes/{node}"] = deleted
+    cluster.confirm_deletions()
+    cluster.run_pods("j")
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert status.get("brokenNodePools", []) == []
+    (healthy,) = [c for c in status["conditions"] if c["type"] == "NodePoolsHealthy"]
+    assert (healthy["status"], healthy["reason"]) == ("True", "NodePoolsHealthy")
+    assert "NodePoolsHealthy" in cluster.recorded.reasons("j")

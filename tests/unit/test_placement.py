@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from tpu_operator import catalog, contract
+from tpu_operator.api.capacity import JobPlacement
 from tpu_operator.api.policy import Placement
 from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
 from tpu_operator.builders.wiring import PodWiring
@@ -17,11 +18,14 @@ from tpu_operator.placement.pools import (
     Request,
     allocate,
     choose_machine,
+    job_spares,
+    parse_selector,
     pool_ends,
     pools_from_nodes,
     provisions,
     requests_for,
     resolve_claim,
+    spares_of,
     vanished_pools,
     with_default,
 )
@@ -359,6 +363,144 @@ def test_unhealthy_pools_are_a_metric_of_the_acting_replica():
     served = generate_latest(metrics.registry).decode()
     assert 'tpu_operator_node_pool_unready_vms{node_pool="broken"} 3.0' in served
     assert 'node_pool="fine"' not in served
+
+
+def v5p(name: str, vms: int = 2, ready: int | None = None, **labels: str) -> PoolView:
+    return PoolView(
+        name,
+        "tpu-v5p-slice",
+        "2x2x2",
+        nodes=vms,
+        ready=vms if ready is None else ready,
+        labels=labels,
+    )
+
+
+BY_NAME = spares_of(["a-spare"])
+BY_LABEL = spares_of(match_labels={"role": "spare"})
+
+
+@pytest.mark.parametrize(
+    ("pools", "held", "request_", "chosen", "spare", "words"),
+    [
+        # A first placement never takes a spare, named or selected by label ...
+        ([v5p("a-spare"), v5p("b")], {}, Request(V5P_16, spares=BY_NAME), "b", [], ""),
+        ([v5p("a", role="spare"), v5p("b")], {}, Request(V5P_16, spares=BY_LABEL), "b", [], ""),
+        # ... and waits rather than take one, saying why.
+        (
+            [v5p("a-spare"), v5p("b")],
+            {"b": "TPUJob ml/x"},
+            Request(V5P_16, spares=BY_NAME),
+            None,
+            [],
+            "a-spare is a spare pool (kept to replace a slice on a broken pool)",
+        ),
+        # A pool labelled otherwise is no spare.
+        ([v5p("a", role="main")], {}, Request(V5P_16, spares=BY_LABEL), "a", [], ""),
+        # A slice moving off a broken pool takes a spare first, though another pool is free
+        # and would come first by size and name.
+        (
+            [v5p("a"), v5p("z-spare")],
+            {},
+            Request(V5P_16, spares=spares_of(["z-spare"]), replacing=True, leaves="broken"),
+            "z-spare",
+            [0],
+            "",
+        ),
+        # With its spare held or unhealthy, it takes any other free pool.
+        (
+            [v5p("a"), v5p("z-spare")],
+            {"z-spare": "TPUJob ml/x"},
+            Request(V5P_16, spares=spares_of(["z-spare"]), replacing=True),
+            "a",
+            [],
+            "",
+        ),
+        (
+            [v5p("a"), v5p("z-spare", ready=1)],
+            {},
+            Request(V5P_16, spares=spares_of(["z-spare"]), replacing=True),
+            "a",
+            [],
+            "",
+        ),
+        # The pool it leaves is never a choice, spare or not.
+        (
+            [v5p("a-spare")],
+            {},
+            Request(V5P_16, spares=BY_NAME, replacing=True, leaves="a-spare"),
+            None,
+            [],
+            "a-spare is the pool the slice moves off",
+        ),
+    ],
+)
+def test_spare_pools_are_kept_for_replacing_a_slice_on_a_broken_pool(
+    pools, held, request_, chosen, spare, words
+):
+    allocation = allocate([request_], {p.name: p for p in pools}, held)
+    assert allocation.pools == (None if chosen is None else [chosen])
+    assert allocation.spares == spare
+    assert words in allocation.message
+
+
+def test_a_pool_carries_the_labels_all_its_nodes_share():
+    pools = pools_from_nodes(
+        [
+            node("a", "p", 4, labels={"role": "spare", "kubernetes.io/hostname": "a"}),
+            node("b", "p", 4, labels={"role": "spare", "kubernetes.io/hostname": "b"}),
+            node("c", "q", 4, labels={"role": "spare"}),
+            node("d", "q", 4, labels={"role": "main"}),
+        ]
+    )
+    assert pools["p"].labels == {"role": "spare"}
+    assert pools["q"].labels == {}
+    assert BY_LABEL.holds(pools["p"]) and not BY_LABEL.holds(pools["q"])
+
+
+def test_node_labels_reach_the_node_view():
+    view = node_view(
+        {
+            "metadata": {
+                "name": "n",
+                "labels": {"role": "spare", contract.NODE_LABEL_NODEPOOL: "p"},
+            },
+            "status": {},
+        }
+    )
+    assert view.labels["role"] == "spare" and view.pool == "p"
+
+
+def test_a_job_names_its_spares_by_pool_and_by_label():
+    placement = JobPlacement.model_validate(
+        {"spares": {"nodePools": ["s1"], "selector": {"matchLabels": {"role": "spare"}}}}
+    )
+    spares = job_spares(placement)
+    assert spares.holds(v5p("s1")) and spares.holds(v5p("x", role="spare"))
+    assert not spares.holds(v5p("x", role="main"))
+    assert not job_spares(None) and not job_spares(JobPlacement())
+    assert (spares | spares_of(["s2"])).holds(v5p("s2"))
+
+
+@pytest.mark.parametrize(
+    ("text", "labels", "error"),
+    [
+        ("role=spare", {"role": "spare"}, None),
+        (" example.com/role=spare , tier=b ", {"example.com/role": "spare", "tier": "b"}, None),
+        ("", {}, None),
+        ("role", None, "'role' is not key=value"),
+        ("=spare", None, "is not key=value"),
+        ("Bad Key=x", None, "'Bad Key' is not a label key"),
+        ("role=no spaces", None, "'no spaces' (label role) is not a label value"),
+        ("role=a,role=b", None, "label role is given twice"),
+    ],
+)
+def test_the_operator_spare_selector_is_parsed_with_clear_errors(text, labels, error):
+    if error is None:
+        assert parse_selector(text) == labels
+        return
+    with pytest.raises(ValueError, match=re.escape(error)):
+        parse_selector(text)
 
 
 @pytest.mark.parametrize(

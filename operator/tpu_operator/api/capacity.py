@@ -16,6 +16,7 @@ from pydantic import Field
 
 from tpu_operator.api.common import ApiModel, cel, rules
 from tpu_operator.api.policy import (
+    LABEL_KEY,
     MAX_RUN_DURATION_SECONDS,
     MAX_SECONDS,
     Capacity,
@@ -85,6 +86,45 @@ def capacity_words(spot: bool | None, reservation: str | None, capacity: str | N
     return kind or where or "any VMs"
 
 
+class PoolSelector(ApiModel):
+    """A label selector over node pools: a pool matches when its nodes carry every label."""
+
+    model_config = {
+        **ApiModel.model_config,
+        "json_schema_extra": rules(
+            cel(
+                f"self.matchLabels.all(k, k.matches('{LABEL_KEY}'))",
+                "placement.spares.selector.matchLabels: every key must be a label key, such "
+                "as pool-role or example.com/pool-role",
+                field_path=".matchLabels",
+            ),
+        ),
+    }
+    match_labels: dict[str, LabelValue] = Field(min_length=1, max_length=16)
+    """Node labels (key: value) every node of a spare pool carries, e.g. a label set on
+    the node pool in GKE (gcloud container node-pools create --node-labels)."""
+
+
+class SparePools(ApiModel):
+    """Node pools held in reserve for the job: taken only to replace a slice whose own
+    pool is broken (docs/tasks/restarts.md)."""
+
+    model_config = {
+        **ApiModel.model_config,
+        "json_schema_extra": rules(
+            cel(
+                "has(self.nodePools) || has(self.selector)",
+                "placement.spares: name the spare node pools (nodePools), select them by "
+                "label (selector.matchLabels), or both",
+            ),
+        ),
+    }
+    node_pools: list[LabelValue] | None = Field(default=None, max_length=1024)
+    """Spare node pools by name (cloud.google.com/gke-nodepool)."""
+    selector: PoolSelector | None = None
+    """Spare node pools by their nodes' labels."""
+
+
 def _placement_rules() -> list[dict[str, str]]:
     extra = Placement.model_config.get("json_schema_extra") or {}
     assert isinstance(extra, dict)
@@ -106,6 +146,13 @@ class JobPlacement(Placement):
                 "one or the other",
                 field_path=".fallbacks",
             ),
+            cel(
+                "!has(self.spares) || !has(self.nodePools)",
+                "placement.spares: a job that pins its node pools (placement.nodePools) "
+                "keeps them; remove placement.nodePools to let the operator place the "
+                "slices and move a broken one to a spare, or remove placement.spares",
+                field_path=".spares",
+            ),
         ),
     }
     fallbacks: list[CapacityStep] | None = Field(default=None, max_length=MAX_FALLBACKS)
@@ -118,6 +165,16 @@ class JobPlacement(Placement):
     start again as the next attempt (not a counted restart). status.fallback says the
     step. Not with Kueue, whose ResourceFlavors decide the capacity. waitingTimeoutSeconds
     still bounds the whole wait."""
+
+    spares: SparePools | None = None
+    """Node pools held in reserve for this job: its first placement never takes them;
+    when a restart recreates a slice whose own pool is unhealthy (a VM not ready,
+    cordoned or gone) or wore out (failurePolicy.maxSliceFailuresPerPool), the slice
+    moves at once to a free healthy pool of its shape, a spare first, instead of
+    waiting for the repair. The broken pool is given to no job until
+    it is healthy again (status.brokenNodePools, condition NodePoolsHealthy), then it is
+    free. The operator's --spare-node-pool-selector adds spares that every job may move
+    to and no job's first placement takes."""
 
     def step(self, index: int) -> Placement:
         """The placement of step ``index`` (0: this one; n: fallbacks[n-1])."""

@@ -141,6 +141,23 @@ class DroppedSlice(ApiModel):
     """Dropped for its failures on its node pool: it comes back only on another pool."""
 
 
+class BrokenPool(ApiModel):
+    """A node pool a slice of the job moved off because it was broken."""
+
+    node_pool: str
+    slice: int
+    """The slice that moved off it."""
+    moved_to: str
+    """The pool the slice moved to."""
+    spare: bool = False
+    """The slice moved to a spare pool (spec.placement.spares, or the operator's
+    --spare-node-pool-selector)."""
+    reason: str
+    """What was wrong with it: its VMs' state, or the slice's failures on it."""
+    since: str | None = None
+    """When the slice moved off it."""
+
+
 class GrowBack(ApiModel):
     """An elastic job's way back to numSlices slices: a checkpoint first."""
 
@@ -208,6 +225,10 @@ class TPUJobStatus(ApiModel):
     grow_back: GrowBack | None = None
     """Set while an elastic job that runs without some slices waits for its workers'
     checkpoint before it restarts on all of them (a healthy pool is there again)."""
+    broken_node_pools: list[BrokenPool] = Field(default_factory=list, max_length=1024)
+    """The node pools slices of the job moved off, while they are unhealthy (each leaves
+    the list once healthy again or gone; condition NodePoolsHealthy). No job is given
+    such a pool until it is healthy."""
     checkpoint_requests: int = 0
     """How often the workers were asked to checkpoint ahead of a node disruption."""
     disruption_notices: list[str] = Field(default_factory=list, max_length=64)

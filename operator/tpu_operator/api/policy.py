@@ -17,7 +17,7 @@ LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 """A Kubernetes label value (at most 63 characters): node pool, reservation and node
 selector values become node selector values of the pods."""
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]
-_LABEL_KEY = (
+LABEL_KEY = (
     "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
@@ -87,7 +87,7 @@ class Placement(ApiModel):
         **ApiModel.model_config,
         "json_schema_extra": rules(
             cel(
-                f"!has(self.nodeSelector) || self.nodeSelector.all(k, k.matches('{_LABEL_KEY}'))",
+                f"!has(self.nodeSelector) || self.nodeSelector.all(k, k.matches('{LABEL_KEY}'))",
                 "placement.nodeSelector: every key must be a label key, such as disktype or "
                 "example.com/disktype",
                 field_path=".nodeSelector",

@@ -64,6 +64,10 @@ class ConditionType(StrEnum):
     """True while a worker is much slower than its slice (named in the message)."""
     READY = "Ready"
     """TPUSlice: every worker of the current attempt is running."""
+    NODE_POOLS_HEALTHY = "NodePoolsHealthy"
+    """Set once a slice of the job moved off a broken node pool: False (NodePoolUnhealthy)
+    while a pool it moved off is unhealthy (status.brokenNodePools names each), True once
+    every such pool is healthy again or gone."""
     PODS_STOPPED = "PodsStopped"
     """A suspended or finished object: True once none of its pods exists any more (its
     node pools and chips are free); False with the count while they stop."""
@@ -138,6 +142,9 @@ class Reason(StrEnum):
     """A slice whose pods a restart recreates had a node pool with a VM not ready or
     cordoned: the slice moved to a free healthy pool of its shape (or, with none free,
     waits for the repair). An unhealthy pool is given to no slice until it is healthy."""
+    NODE_POOLS_HEALTHY = "NodePoolsHealthy"
+    """Every node pool a slice of the job moved off (status.brokenNodePools) is healthy
+    again, or gone."""
     SLICES_DROPPED = "SlicesDropped"
     """(Event.) An elastic job (spec.elastic) restarts without the slices a restart could
     not bring back (their node pool unhealthy, or their failures there at

@@ -26,10 +26,12 @@ claim before the slice's next pods, or kept with a message saying why (``vanishe
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from tpu_operator.api.policy import Placement
+from tpu_operator.api.capacity import JobPlacement
+from tpu_operator.api.policy import LABEL_KEY, LABEL_VALUE, Placement
 from tpu_operator.catalog import GENERATIONS, SliceShape
 from tpu_operator.placement.provisioning import claim_of, claim_ref
 from tpu_operator.state.views import NodeView
@@ -63,6 +65,8 @@ class PoolView:
     machine_type: str | None = None
     slice_pool: str | None = None
     """The slice-pool label of a pool GKE created for a slice's pods (its taint's value)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """The labels every node of the pool carries (spare pools are selected by them)."""
 
     def describe_vms(self) -> str:
         if self.machine_type:
@@ -75,16 +79,18 @@ def pools_from_nodes(nodes: Iterable[NodeView]) -> dict[str, PoolView]:
     for node in nodes:
         if not node.pool or not node.accelerator:
             continue
-        pool = pools.setdefault(
-            node.pool,
-            PoolView(
+        pool = pools.get(node.pool)
+        if pool is None:
+            pool = pools[node.pool] = PoolView(
                 node.pool,
                 node.accelerator,
                 node.topology,
                 spot=node.spot,
                 reservation=node.reservation,
-            ),
-        )
+                labels=dict(node.labels),
+            )
+        elif pool.labels:
+            pool.labels = {k: v for k, v in pool.labels.items() if node.labels.get(k) == v}
         pool.nodes += 1
         pool.ready += int(node.ready and not node.unschedulable)
         chips = chips_of_node(node)
@@ -93,6 +99,71 @@ def pools_from_nodes(nodes: Iterable[NodeView]) -> dict[str, PoolView]:
         pool.machine_type = pool.machine_type or node.machine_type
         pool.slice_pool = pool.slice_pool or node.slice_pool
     return pools
+
+
+@dataclass(frozen=True)
+class Spares:
+    """Node pools held in reserve: by name, or by labels all their nodes carry (any of
+    ``selectors`` matches). A first placement never takes them; a slice moving off a
+    broken pool takes one first (``Request.replacing``)."""
+
+    names: frozenset[str] = frozenset()
+    selectors: tuple[tuple[tuple[str, str], ...], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.names or self.selectors)
+
+    def holds(self, pool: PoolView) -> bool:
+        return pool.name in self.names or any(
+            all(pool.labels.get(key) == value for key, value in selector)
+            for selector in self.selectors
+        )
+
+    def __or__(self, other: Spares) -> Spares:
+        return Spares(self.names | other.names, self.selectors + other.selectors)
+
+
+NO_SPARES = Spares()
+
+
+def spares_of(names: Iterable[str] = (), match_labels: Mapping[str, str] | None = None) -> Spares:
+    """The spares named by ``names`` and, when given, selected by ``match_labels``."""
+    selectors = (tuple(sorted(match_labels.items())),) if match_labels else ()
+    return Spares(frozenset(names), selectors)
+
+
+def job_spares(placement: JobPlacement | None) -> Spares:
+    """A job's own spares (``spec.placement.spares``)."""
+    spares = placement.spares if placement is not None else None
+    if spares is None:
+        return NO_SPARES
+    return spares_of(
+        spares.node_pools or (), spares.selector.match_labels if spares.selector else None
+    )
+
+
+def parse_selector(text: str) -> dict[str, str]:
+    """``key=value,key2=value2`` (the operator's --spare-node-pool-selector) as labels;
+    ValueError naming what is wrong."""
+    labels: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise ValueError(f"{part!r} is not key=value (e.g. example.com/pool-role=spare)")
+        if not re.match(LABEL_KEY, key):
+            raise ValueError(f"{key!r} is not a label key (e.g. example.com/pool-role)")
+        if len(value) > 63 or not re.match(LABEL_VALUE, value):
+            raise ValueError(
+                f"{value!r} (label {key}) is not a label value: at most 63 letters, digits, "
+                "'-', '_' or '.', starting and ending with a letter or digit"
+            )
+        if key in labels:
+            raise ValueError(f"label {key} is given twice")
+        labels[key] = value
+    return labels
 
 
 @dataclass(frozen=True)
@@ -110,6 +181,10 @@ class Request:
     """The slice-pool label value this slice's pods use when GKE creates its pool."""
     leaves: str | None = None
     """The pool the slice moves off (a free choice never takes it back)."""
+    spares: Spares = NO_SPARES
+    """Pools held in reserve: not taken unless ``replacing``."""
+    replacing: bool = False
+    """The slice replaces one on a broken pool: a spare first, then any free pool."""
     fresh: bool = False
     """Capacity that comes as new VMs (flex-start, queued provisioning): a pool GKE
     creates for this slice, never a free pool that exists (one of another capacity mode,
@@ -139,6 +214,8 @@ class Allocation:
     """Why the job waits (which pools exist and why none fits)."""
     provisioning: list[int] = field(default_factory=list)
     """Indexes of the requests that got a claim: GKE is to create their pools."""
+    spares: list[int] = field(default_factory=list)
+    """Indexes of the requests that got a spare pool."""
 
 
 def shape_words(shape: SliceShape) -> str:
@@ -169,6 +246,8 @@ def _unfit(pool: PoolView, request: Request, held_by: str | None) -> str | None:
     shape = request.shape
     if pool.name == request.leaves:
         return f"{pool.name} is the pool the slice moves off"
+    if not request.replacing and request.spares.holds(pool):
+        return f"{pool.name} is a spare pool (kept to replace a slice on a broken pool)"
     wrong = _wrong_machine(pool, shape)
     if wrong:
         return wrong
@@ -232,6 +311,7 @@ def allocate(
     """
     chosen: dict[int, str] = {}
     provisioning: list[int] = []
+    spare: list[int] = []
     taken: set[str] = set()  # by earlier requests of this allocation
     # Pinned pools first, so that no free choice takes a pool another slice pins.
     order = sorted(range(len(requests)), key=lambda i: (not requests[i].pinned, i))
@@ -257,7 +337,11 @@ def allocate(
         reasons = []
         candidates = sorted(
             (p for p in pools.values() if _shape_matches(p, request) and not request.fresh),
-            key=lambda p: (p.nodes, p.name),
+            key=lambda p: (
+                not (request.replacing and request.spares.holds(p)),
+                p.nodes,
+                p.name,
+            ),
         )
         for pool in candidates:
             held_by = held.get(pool.name) or ("this job" if pool.name in taken else None)
@@ -265,6 +349,8 @@ def allocate(
             if problem is None:
                 chosen[index] = pool.name
                 taken.add(pool.name)
+                if request.replacing and request.spares.holds(pool):
+                    spare.append(index)
                 break
             reasons.append(problem)
         else:
@@ -296,7 +382,11 @@ def allocate(
                 f"waiting for a free node pool for slice {index} ({shape_words(request.shape)})"
                 f": {why}{hint}",
             )
-    return Allocation([chosen[i] for i in range(len(requests))], provisioning=sorted(provisioning))
+    return Allocation(
+        [chosen[i] for i in range(len(requests))],
+        provisioning=sorted(provisioning),
+        spares=sorted(spare),
+    )
 
 
 def resolve_claim(

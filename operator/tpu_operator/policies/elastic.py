@@ -169,7 +169,7 @@ def grow(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
             # slice never one of another capacity (``fresh``): it waits for its own.
             claims = world.claims(len(refs), renewal=attempt)
             requests = [
-                replace(r, provision=False, leaves=refs[i])
+                replace(r, provision=False, leaves=refs[i], replacing=True)
                 if i in other
                 else replace(r, pinned=refs[i])
                 for i, r in enumerate(

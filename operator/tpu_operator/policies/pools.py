@@ -6,15 +6,22 @@ never comes back); otherwise the slice keeps it and the message says so
 (``placement/pools.vanished_pools``). A claim reference (``auto:<value>``) is replaced by
 the name of the pool GKE created for it once its nodes exist. A slice whose pods a restart
 recreates and whose pool is unhealthy (a VM not ready or cordoned) moves to a free healthy
-pool of its shape at once, rather than waiting for the repair (``move_from_unhealthy``).
+pool of its shape at once, rather than waiting for the repair (``move_from_unhealthy``): a
+spare pool first (``spec.placement.spares``, the operator's ``--spare-node-pool-selector``),
+which no first placement takes. The pool it left is recorded in ``status.brokenNodePools``
+(condition ``NodePoolsHealthy`` False) until it is healthy again or gone (``watch_broken``);
+no slice is given it meanwhile (``placement/pools.pool_unhealthy``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from functools import partial
 
-from tpu_operator.api.status import Reason
+from tpu_operator.api.conditions import stamp
+from tpu_operator.api.job import BrokenPool
+from tpu_operator.api.status import ConditionType, Reason
 from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_of, claim_ref, is_claim
 from tpu_operator.policies import fallback
@@ -57,6 +64,58 @@ def check(facts: JobFacts, plan: Plan, world: World) -> None:
     attempt = plan.status.attempt
     renew_vanished(facts, plan, world, attempt, facts.created_slices(attempt))
     resolve_claims(plan, world)
+    watch_broken(plan, world)
+
+
+def still_broken(broken: list[BrokenPool], unhealthy: Mapping[int, str]) -> list[BrokenPool]:
+    """The pools of ``broken`` that are still unhealthy (``unhealthy``: by index in
+    ``broken``, why), with why now; a healthy pool, or one with no nodes left, leaves."""
+    return [
+        b.model_copy(update={"reason": unhealthy[i]})
+        for i, b in enumerate(broken)
+        if i in unhealthy
+    ]
+
+
+def broken_words(broken: list[BrokenPool]) -> str:
+    """``node pool p (slice 1 moved to spare s): why; ...``"""
+    return "; ".join(
+        f"node pool {b.node_pool} (slice {b.slice} moved to {'spare ' if b.spare else ''}"
+        f"{b.moved_to}): {b.reason}"
+        for b in broken
+    )
+
+
+def watch_broken(plan: Plan, world: World) -> None:
+    """Keep ``status.brokenNodePools`` to the pools the job moved off that are still
+    unhealthy, and condition NodePoolsHealthy in line with it."""
+    status = plan.status
+    if not status.broken_node_pools:
+        return
+    broken = status.broken_node_pools
+    unhealthy = world.unhealthy_pools([b.node_pool for b in broken])
+    left = still_broken(broken, unhealthy)
+    if left == broken:
+        return
+    for b in broken:
+        if all(b.node_pool != k.node_pool for k in left):
+            plan.event(
+                "Normal",
+                Reason.NODE_POOLS_HEALTHY,
+                f"node pool {b.node_pool} is healthy again (or gone); it is free",
+            )
+    status.broken_node_pools = left
+    if left:
+        plan.condition(
+            ConditionType.NODE_POOLS_HEALTHY, False, Reason.NODE_POOL_UNHEALTHY, broken_words(left)
+        )
+    else:
+        plan.condition(
+            ConditionType.NODE_POOLS_HEALTHY,
+            True,
+            Reason.NODE_POOLS_HEALTHY,
+            "every node pool the job's slices moved off is healthy again or gone",
+        )
 
 
 def move_from_unhealthy(
@@ -70,18 +129,18 @@ def move_from_unhealthy(
 ) -> dict[int, str]:
     """Move the ``slices`` a restart recreates off their unhealthy pools, and those
     ``worn`` (failures repeating on their pool; why each): each to a free healthy pool of
-    its shape (its spot and reservation as the job asks), all at once, the job's other
-    slices keeping theirs. With none free, or pools the user pinned, the slices stay and
-    their new pods wait for the repair; an event says so (unless ``say_waits`` is false:
-    an elastic job may go on without them, ``policies/elastic.py``). The slices that
-    stay on a broken pool, and why each."""
+    its shape (its spot and reservation as the job asks; a spare pool first), all at
+    once, the job's other slices keeping theirs. A pool left for its state is recorded in
+    ``status.brokenNodePools`` (condition NodePoolsHealthy False). With none free, or
+    pools the user pinned, the slices stay and their new pods wait for the repair; an
+    event says so (unless ``say_waits`` is false: an elastic job may go on without them,
+    ``policies/elastic.py``). The slices that stay on a broken pool, and why each."""
     refs = plan.status.node_pools or []
     if not refs:
         return {}
     wanted = set(slices)
-    broken = {
-        i: f"node pool {why}" for i, why in world.unhealthy_pools(refs).items() if i in wanted
-    }
+    unhealthy = {i: why for i, why in world.unhealthy_pools(refs).items() if i in wanted}
+    broken = {i: f"node pool {why}" for i, why in unhealthy.items()}
     for index, why in (worn or {}).items():
         if index in wanted and index < len(refs) and not is_claim(refs[index]):
             broken.setdefault(index, why)
@@ -93,7 +152,9 @@ def move_from_unhealthy(
     # that exists (its own repair is what it would otherwise wait for).
     claims = world.claims(len(refs), renewal=plan.status.attempt)
     requests = [
-        replace(r, provision=r.fresh, leaves=refs[i]) if i in broken else replace(r, pinned=refs[i])
+        replace(r, provision=r.fresh, leaves=refs[i], replacing=True)
+        if i in broken
+        else replace(r, pinned=refs[i])
         for i, r in enumerate(
             requests_for(facts.shape, placement, len(refs), claims, admitted_capacity=facts.kueue)
         )
@@ -108,16 +169,38 @@ def move_from_unhealthy(
             say_wait(plan, stuck)
         return stuck
     moved = list(refs)
+    recorded = list(plan.status.broken_node_pools)
     for index, why in sorted(broken.items()):
         moved[index] = allocation.pools[index]
+        spare = index in allocation.spares
         value = claim_of(moved[index])
-        where = (
-            f"moved to node pool {moved[index]}"
-            if value is None
-            else f"its pods ask GKE for a new node pool ({SLICE_POOL_LABEL}={value})"
-        )
+        if value is not None:
+            where = f"its pods ask GKE for a new node pool ({SLICE_POOL_LABEL}={value})"
+        else:
+            kind = "spare node pool" if spare else "node pool"
+            where = f"moved to {kind} {moved[index]}"
         plan.event("Warning", Reason.NODE_POOL_UNHEALTHY, f"slice {index}: {why}; {where}")
+        plan.after_commit.append(partial(world.metrics.slice_moved, "spare" if spare else "pool"))
+        if index in unhealthy and all(b.node_pool != refs[index] for b in recorded):
+            recorded.append(
+                BrokenPool(
+                    node_pool=refs[index],
+                    slice=index,
+                    moved_to=moved[index],
+                    spare=spare,
+                    reason=unhealthy[index],
+                    since=stamp(plan.now),
+                )
+            )
     plan.status.node_pools = moved
+    if recorded != plan.status.broken_node_pools:
+        plan.status.broken_node_pools = recorded
+        plan.condition(
+            ConditionType.NODE_POOLS_HEALTHY,
+            False,
+            Reason.NODE_POOL_UNHEALTHY,
+            broken_words(recorded),
+        )
     return {}
 
 

@@ -13,6 +13,7 @@ from tpu_operator import contract
 from tpu_operator.api.conditions import now as utc_now
 from tpu_operator.api.conditions import set_condition, stamp
 from tpu_operator.api.status import Reason
+from tpu_operator.placement.pools import NO_SPARES, Spares
 from tpu_operator.policies.plan import Metrics, SliceRefusal
 from tpu_operator.reconcile.expectations import CreatedPods, DeletedPods, PodsInFlight
 from tpu_operator.reconcile.pacing import StatusPacer
@@ -47,6 +48,9 @@ class NoMetrics:
         pass
 
     def waited(self, reason: str, seconds: float) -> None:
+        pass
+
+    def slice_moved(self, to: str) -> None:
         pass
 
 
@@ -115,6 +119,9 @@ class Context:
     hostNetwork or in other namespaces, are not supervised."""
     default_provisioning: str = "ExistingPools"
     """placement.provisioning of the objects that leave it unset (--default-provisioning)."""
+    default_spares: Spares = NO_SPARES
+    """Spare node pools of every job (--spare-node-pool-selector): no first placement
+    takes them; a slice moving off a broken pool may."""
     resource_flavors: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Kueue ResourceFlavor name -> its spec, read when a job using it is admitted
     (reconcile/queueing.py)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -47,6 +48,7 @@ from tpu_operator.placement.pools import (
     MachineChoice,
     PoolGone,
     Request,
+    job_spares,
     pool_ends,
 )
 from tpu_operator.policies import (
@@ -158,6 +160,9 @@ class CachedWorld:
         self.holder = job_holder(self.meta["namespace"], self.meta["name"])
 
     def allocate(self, requests: list[Request]) -> Allocation:
+        own = job_spares(self.spec.placement)
+        if own:
+            requests = [replace(r, spares=r.spares | own) for r in requests]
         return choose_pools(self.ctx, self.holder, requests)
 
     def claims(self, slices: int, renewal: int | None = None) -> list[str]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from tpu_operator import catalog, contract
@@ -221,6 +222,8 @@ def choose_pools(ctx: Context, holder: str, requests: list[Request]) -> Allocati
     """Free pools for ``requests`` (all or none), reserved for ``holder`` when found."""
     pools = tpu_pools(ctx)
     requests = with_default(requests, ctx.default_provisioning)
+    if ctx.default_spares:
+        requests = [replace(r, spares=r.spares | ctx.default_spares) for r in requests]
     allocation = allocate(requests, pools, held_pools(ctx, exclude=holder, pools=pools))
     if allocation.pools is not None:
         ctx.reservations.reserve(holder, allocation.pools)

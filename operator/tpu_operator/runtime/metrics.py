@@ -179,6 +179,14 @@ class OperatorMetrics:
             ["kind", "reason"],
             registry=r,
         )
+        self.slice_moves = Counter(
+            "tpu_operator_slice_moves_total",
+            "Slices a restart moved off a broken node pool, by where to: spare (a spare "
+            "pool, spec.placement.spares or --spare-node-pool-selector) or pool (another "
+            "free pool)",
+            ["to"],
+            registry=r,
+        )
         self.api_requests = Counter(
             "tpu_operator_api_requests_total",
             "Kubernetes API requests by verb and HTTP code (0: no response)",
@@ -238,6 +246,9 @@ class OperatorMetrics:
 
     def waited(self, reason: str, seconds: float) -> None:
         self.wait_seconds.labels(reason).observe(seconds)
+
+    def slice_moved(self, to: str) -> None:
+        self.slice_moves.labels(to).inc()
 
     def time_to_running(self, seconds: float) -> None:
         self.time_to_running_seconds.observe(seconds)

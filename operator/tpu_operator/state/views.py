@@ -380,6 +380,8 @@ class NodeView:
     """``tpu-operator.dev/slice-pool``: set on the nodes of a pool GKE created for a slice."""
     disruption_notice: str | None = None
     """What GKE announces is about to disrupt the node (``maintenance_notice``), if any."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """The node's labels (spare node pools are selected by them)."""
     partitions: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """Ironwood dynamic slicing: partition shape (4x4x4, 2x2x2, ...) -> (id, state), from
     the ``cloud.google.com/gke-tpu-partition-<shape>-id`` and ``-state`` labels."""
@@ -442,6 +444,7 @@ def node_view(body: NodeDocument | Mapping[str, Any]) -> NodeView:
         disruption_notice=maintenance_notice(labels, spec.taints or []),
         partitions=partition_labels(labels),
         terminates_at=termination_time(meta.annotations),
+        labels=labels,
     )
 
 

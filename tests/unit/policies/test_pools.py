@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.policies.world import World, facts, plan_of, reasons
+from tpu_operator.api.status import ConditionType
 from tpu_operator.placement.pools import Allocation, PoolGone
 from tpu_operator.policies import pools
 
@@ -105,3 +106,93 @@ def test_a_slice_of_new_vms_moves_only_to_a_new_pool_of_them(capacity, allocatio
     assert plan.status.node_pools == allocation
     ((_, reason, message),) = plan.events
     assert reason == "NodePoolUnhealthy" and said in message and "claim-1-2" in message
+
+
+def test_a_slice_moved_to_a_spare_reports_the_broken_pool():
+    job = facts(
+        recorded={"attempt": 2, "nodePools": ["p0", "p1"]},
+        numSlices=2,
+        placement={"spares": {"nodePools": ["s"]}},
+    )
+    plan = plan_of(job)
+    world = World(unhealthy={1: BROKEN}, allocation=Allocation(["p0", "s"], spares=[1]))
+    assert pools.move_from_unhealthy(job, plan, world, [1]) == {}
+    assert plan.status.node_pools == ["p0", "s"]
+    ((_, reason, message),) = plan.events
+    assert reason == "NodePoolUnhealthy" and "moved to spare node pool s" in message
+    # The moving slice may take a spare; the others keep their pools.
+    (requests,) = world.allocated
+    assert [(r.pinned, r.replacing, r.leaves) for r in requests] == [
+        ("p0", False, None),
+        (None, True, "p1"),
+    ]
+    ((pool),) = plan.status.broken_node_pools
+    assert (pool.node_pool, pool.slice, pool.moved_to, pool.spare, pool.reason) == (
+        "p1",
+        1,
+        "s",
+        True,
+        BROKEN,
+    )
+    (condition,) = [c for c in plan.conditions if c["type"] == "NodePoolsHealthy"]
+    assert (condition["status"], condition["reason"]) == ("False", "NodePoolUnhealthy")
+    assert "node pool p1 (slice 1 moved to spare s)" in condition["message"]
+    for report in plan.after_commit:
+        report()
+    assert world.metrics.moves == ["spare"]
+
+
+def test_a_slice_moved_for_its_failures_leaves_no_broken_pool_behind():
+    job = facts(recorded={"attempt": 2, "nodePools": ["p0", "p1"]}, numSlices=2)
+    plan = plan_of(job)
+    world = World(allocation=Allocation(["p0", "p2"]))
+    worn = {1: "3 failures on node pool p1"}
+    assert pools.move_from_unhealthy(job, plan, world, [1], worn) == {}
+    assert plan.status.node_pools == ["p0", "p2"]
+    assert plan.status.broken_node_pools == []
+    assert not plan.has_condition(ConditionType.NODE_POOLS_HEALTHY)
+    for report in plan.after_commit:
+        report()
+    assert world.metrics.moves == ["pool"]
+
+
+def broken(pool: str, index: int) -> dict[str, object]:
+    return {"nodePool": pool, "slice": index, "movedTo": f"s{index}", "reason": "was broken"}
+
+
+@pytest.mark.parametrize(
+    ("recorded", "unhealthy", "left", "condition", "events"),
+    [
+        # Nothing was moved: no condition at all.
+        ([], {}, [], None, []),
+        # Still broken, as it was: nothing to write.
+        ([broken("p1", 1)], {0: "was broken"}, ["p1"], None, []),
+        # Still broken, otherwise: kept, with why now.
+        ([broken("p1", 1)], {0: "p1 has 2 of its 2 VMs not ready"}, ["p1"], "False", []),
+        # Healthy again (or gone): it leaves the list and is free.
+        ([broken("p1", 1)], {}, [], "True", ["NodePoolsHealthy"]),
+        (
+            [broken("p1", 1), broken("p0", 0)],
+            {1: "p0: 1 not ready"},
+            ["p0"],
+            "False",
+            ["NodePoolsHealthy"],
+        ),
+    ],
+)
+def test_a_pool_moved_off_leaves_the_report_once_healthy(
+    recorded, unhealthy, left, condition, events
+):
+    job = facts(
+        recorded={"attempt": 2, "nodePools": ["s0", "s1"], "brokenNodePools": recorded},
+        numSlices=2,
+    )
+    plan = plan_of(job)
+    pools.check(job, plan, World(unhealthy=unhealthy))
+    assert [b.node_pool for b in plan.status.broken_node_pools] == left
+    assert [b.reason for b in plan.status.broken_node_pools] == [
+        unhealthy[i] for i, b in enumerate(recorded) if b["nodePool"] in left
+    ]
+    found = [c for c in plan.conditions if c["type"] == "NodePoolsHealthy"]
+    assert [c["status"] for c in found] == ([condition] if condition else [])
+    assert reasons(plan) == events

@@ -30,6 +30,7 @@ class Recorded:
     restarts: list[tuple[str, str]] = field(default_factory=list)
     running_after: list[float] = field(default_factory=list)
     waits: list[tuple[str, float]] = field(default_factory=list)
+    moves: list[str] = field(default_factory=list)
 
     def pod_created(self, seconds: float) -> None:
         pass
@@ -42,6 +43,9 @@ class Recorded:
 
     def waited(self, reason: str, seconds: float) -> None:
         self.waits.append((reason, seconds))
+
+    def slice_moved(self, to: str) -> None:
+        self.moves.append(to)
 
 
 @dataclass
