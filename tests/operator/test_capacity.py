@@ -211,43 +211,59 @@ def test_flex_start_vms_taken_back_at_the_end_of_their_run_are_a_disruption(tpu:
     assert again["nodePools"] != [pool]
 
 
-def test_queued_capacity_that_does_not_come_falls_back_to_on_demand_vms(
+def test_queued_capacity_that_does_not_come_falls_back_to_a_reservation(
     tpu: Api, ns: str, cluster: Cluster
 ):
     # The ProvisioningRequest is accepted and never provisioned: after 10 s of waiting the
-    # job asks for on-demand VMs (provisioning: Auto, node auto-provisioning creates the
-    # pool), and the request is withdrawn.
+    # job asks for its reservation's pool (one of its own, so that no other test's pool
+    # is in its way), and the request is withdrawn.
+    reservation = f"r-{uuid.uuid4().hex[:6]}"
+    pool = Pool(
+        name=f"res{reservation[2:]}",
+        vms=4,
+        accelerator="tpu-v6e-slice",
+        topology="4x4",
+        chips_per_vm=4,
+        reservation=reservation,
+        mode="simulate",
+    )
     cluster.agent.set_autoprovisioning(
         Autoprovisioning(**{**SETTINGS.to_json(), "provisioning_requests": "hold"})
     )
+    cluster.agent.add_pool(pool)
     placement = {
         "capacity": "QueuedProvisioning",
-        "provisioning": "Auto",
-        "fallbacks": [{"afterSeconds": 10, "spot": False}],
+        "fallbacks": [{"afterSeconds": 10, "reservation": reservation}],
     }
-    tpu.apply(job("fallback", ns, placement))
-    first = wait_until(
-        lambda: requests(tpu, ns),
-        timeout=60,
-        message=lambda: f"the first step's request: {tpu.status(ns, 'fallback')}",
-    )
-    assert sorted(first) == ["fallback-0-a1-r0"]
-    status = tpu.wait_phase(ns, "fallback", "Running", timeout=150)
-    assert status["fallback"]["step"] == 1 and status["fallback"]["capacity"] == "on-demand"
-    assert status["restarts"] == 0
-    (pool,) = status["nodePools"]
-    labels = node_labels(tpu, pool)
-    assert len(labels) == 4
-    assert not any(
-        contract.NODE_LABEL_QUEUED in n or contract.NODE_LABEL_FLEX_START in n for n in labels
-    )
-    for pod in tpu.pods(ns):
-        assert contract.NODE_LABEL_QUEUED not in pod["spec"]["nodeSelector"]
-        annotations = pod["metadata"].get("annotations") or {}
-        assert contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST not in annotations
-    wait_until(
-        lambda: requests(tpu, ns) == {},
-        timeout=30,
-        message=lambda: f"the first step's request withdrawn: {sorted(requests(tpu, ns))}",
-    )
-    assert "CapacityFallback" in {e["reason"] for e in tpu.events(ns, "fallback")}
+    try:
+        tpu.apply(job("fallback", ns, placement))
+        first = wait_until(
+            lambda: requests(tpu, ns),
+            timeout=60,
+            message=lambda: f"the first step's request: {tpu.status(ns, 'fallback')}",
+        )
+        assert sorted(first) == ["fallback-0-a1-r0"]
+        status = tpu.wait_phase(ns, "fallback", "Running", timeout=150)
+        assert status["fallback"]["step"] == 1
+        assert status["fallback"]["capacity"] == f"reservation {reservation}"
+        assert status["restarts"] == 0 and status["nodePools"] == [pool.name]
+        for pod in tpu.pods(ns):
+            assert contract.NODE_LABEL_QUEUED not in pod["spec"]["nodeSelector"]
+            annotations = pod["metadata"].get("annotations") or {}
+            assert contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST not in annotations
+        wait_until(
+            lambda: requests(tpu, ns) == {},
+            timeout=30,
+            message=lambda: f"the first step's request withdrawn: {sorted(requests(tpu, ns))}",
+        )
+        (event,) = [
+            e["message"] for e in tpu.events(ns, "fallback") if e["reason"] == "CapacityFallback"
+        ]
+        assert "of queued provisioning (step 0)" in event
+    finally:
+        tpu.raw.request(
+            "DELETE",
+            f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{ns}/{contract.JOB_PLURAL}/fallback",
+        )
+        wait_until(lambda: not tpu.pods(ns), timeout=60, message="the job's pods gone")
+        cluster.agent.remove_pool(pool.name)

@@ -216,8 +216,22 @@ def test_a_capacity_slice_never_takes_a_free_pool_that_exists():
     assert allocate(flex, free, {}).pools == ["auto:c"]
     ordinary = requests_for(SHAPE, Placement(provisioning="Auto"), 1, ["c"])
     assert allocate(ordinary, free, {}).pools == ["v6e"]
-    # Under Kueue the admitted (provisioned) pools are the ones to take.
+    # Under Kueue the admitted (provisioned) pools are the ones to take: pools of queued
+    # VMs, never the ordinary one.
     admitted = requests_for(
         SHAPE, Placement(capacity="QueuedProvisioning"), 1, ["c"], admitted_capacity=True
     )
-    assert allocate(admitted, free, {}).pools == ["v6e"]
+    refused = allocate(admitted, free, {})
+    assert refused.pools is None and "v6e is of on-demand, Spot or reserved VMs" in refused.message
+    queued = PoolView(
+        name="q",
+        accelerator="tpu-v6e-slice",
+        topology="4x4",
+        nodes=4,
+        ready=4,
+        chips_per_vm=4,
+        labels={contract.NODE_LABEL_QUEUED: "true", contract.NODE_LABEL_FLEX_START: "true"},
+    )
+    assert allocate(admitted, {**free, "q": queued}, {}).pools == ["q"]
+    # Nor does a job that asks for no capacity mode take a pool of flex-start VMs.
+    assert allocate(ordinary, {"q": queued}, {}).pools == ["auto:c"]

@@ -30,7 +30,8 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from tpu_operator.api.capacity import JobPlacement
+from tpu_operator import contract
+from tpu_operator.api.capacity import CAPACITY_WORDS, JobPlacement
 from tpu_operator.api.policy import LABEL_KEY, LABEL_VALUE, Placement
 from tpu_operator.catalog import GENERATIONS, SliceShape
 from tpu_operator.placement.provisioning import claim_of, claim_ref
@@ -67,6 +68,17 @@ class PoolView:
     """The slice-pool label of a pool GKE created for a slice's pods (its taint's value)."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """The labels every node of the pool carries (spare pools are selected by them)."""
+
+    @property
+    def capacity(self) -> str | None:
+        """How GKE obtained the pool's VMs, as ``placement.capacity`` names it: from the
+        labels GKE puts on flex-start and queued-provisioning nodes (None: on-demand, Spot
+        or reserved VMs)."""
+        if self.labels.get(contract.NODE_LABEL_QUEUED) == "true":
+            return "QueuedProvisioning"
+        if self.labels.get(contract.NODE_LABEL_FLEX_START) == "true":
+            return "FlexStart"
+        return None
 
     def describe_vms(self) -> str:
         if self.machine_type:
@@ -185,6 +197,9 @@ class Request:
     """Pools held in reserve: not taken unless ``replacing``."""
     replacing: bool = False
     """The slice replaces one on a broken pool: a spare first, then any free pool."""
+    capacity: str | None = None
+    """``placement.capacity``: only a pool of VMs GKE obtained that way (None: only one
+    of on-demand, Spot or reserved VMs)."""
     fresh: bool = False
     """Capacity that comes as new VMs (flex-start, queued provisioning): a pool GKE
     creates for this slice, never a free pool that exists (one of another capacity mode,
@@ -262,7 +277,13 @@ def _unfit(pool: PoolView, request: Request, held_by: str | None) -> str | None:
         return f"{pool.name} is {'spot' if pool.spot else 'on-demand'}"
     if request.reservation and pool.reservation != request.reservation:
         return f"{pool.name} is not in reservation {request.reservation}"
+    if pool.capacity != request.capacity:
+        return f"{pool.name} is of {_capacity_words(pool.capacity)} VMs"
     return None
+
+
+def _capacity_words(capacity: str | None) -> str:
+    return CAPACITY_WORDS.get(capacity, capacity) if capacity else "on-demand, Spot or reserved"
 
 
 def pool_ends(nodes: Iterable[NodeView]) -> dict[str, float]:
@@ -581,7 +602,8 @@ def requests_for(
 
     A flex-start or queued-provisioning slice (``placement.capacity``) asks GKE for a
     pool of its own unless ``placement.provisioning`` says otherwise: that capacity comes
-    as new VMs. ``admitted_capacity``: Kueue admits the job, whose ProvisioningRequest
+    as new VMs. Whatever it says, a slice only takes a pool of the capacity it asks for
+    (``PoolView.capacity``). ``admitted_capacity``: Kueue admits the job, whose ProvisioningRequest
     admission check has the queued capacity provisioned before it admits: the slices take
     those pools as existing ones."""
     pins = placement.node_pools if placement and placement.node_pools else None
@@ -599,6 +621,7 @@ def requests_for(
             pinned=pins[i] if pins else None,
             provision=provision if claims is not None else False,
             claim=claims[i] if claims else None,
+            capacity=capacity,
             fresh=fresh and claims is not None,
         )
         for i in range(count)
