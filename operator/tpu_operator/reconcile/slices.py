@@ -53,7 +53,6 @@ from tpu_operator.builders.service import headless_service
 from tpu_operator.builders.supervision import Supervision
 from tpu_operator.builders.wiring import PodWiring, Ports
 from tpu_operator.catalog import CatalogError, SliceShape
-from tpu_operator.decisions import book_restart, decide
 from tpu_operator.placement import dynamic
 from tpu_operator.placement.capacity import (
     PROVISIONING_REQUEST_API,
@@ -66,6 +65,7 @@ from tpu_operator.placement.capacity import (
 )
 from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import is_claim
+from tpu_operator.policies import standalone
 from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
 from tpu_operator.policies.start import POOL_RETRY_SECONDS
 from tpu_operator.reconcile.context import (
@@ -254,10 +254,7 @@ class SliceRun:
             target = spec.attempt
             not_before = parse(spec.not_before)
         else:
-            target = max(status.attempt, 1)
-            if status.phase == Phase.SUSPENDED and not spec.suspend:
-                # Resumed: a new attempt (not a restart), as for a TPUJob.
-                target = status.attempt + 1
+            target = standalone.attempt(status, spec.suspend)
             not_before = parse(status.not_before)
 
         pods = ctx.caches.pods_of_slice(self.namespace, self.name)
@@ -956,24 +953,17 @@ class SliceRun:
     def _standalone_failure(
         self, status: TPUSliceStatus, state: GangState, target: int
     ) -> tuple[Phase, str]:
-        """A standalone slice decides its own restart (status is updated in place)."""
+        """A standalone slice's failed attempt, under the job's failure policy
+        (``policies/standalone.py``; ``status`` is updated in place)."""
         assert state.failure is not None
         policy = self.spec.failure_policy or FailurePolicy()
-        decision = decide(state.failure, policy, status.counted_restarts)
-        if status.failure is not None:
-            status.failure.counted = decision.counted
-        if not decision.restart:
-            return Phase.FAILED, decision.message
-        delay = book_restart(status, decision, policy)
-        status.not_before = stamp(self.now + dt.timedelta(seconds=delay)) if delay else None
-        status.attempt = target + 1
-        status.completion_time = None
-        # Counted once the decision is committed (a lost write is decided again).
-        self.after_commit.append(
-            lambda: self.ctx.metrics.restart(contract.SLICE_KIND, decision.reason)
-        )
-        self._after(delay)
-        return Phase.RESTARTING, f"restarting (attempt {target + 1}): {decision.message}"
+        ending = standalone.attempt_failed(status, state.failure, policy, self.now, target)
+        reason = ending.restart
+        if reason is not None:
+            # Counted once the decision is committed (a lost write is decided again).
+            self.after_commit.append(lambda: self.ctx.metrics.restart(contract.SLICE_KIND, reason))
+            self._after(ending.delay)
+        return ending.phase, ending.message
 
     def _service_conflict(self) -> str:
         if self.managed:
