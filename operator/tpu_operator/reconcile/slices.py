@@ -23,8 +23,9 @@ Rules, applied on every reconcile from the watch caches (level-triggered):
    the attempt were seen ends the attempt (it is not silently replaced).
 4. A suspended slice (or one whose job is suspended or finished) deletes its running
    pods and creates none.
-5. A standalone slice restarts itself under its failurePolicy; a job-owned slice only
-   reports, and its TPUJob decides.
+5. A standalone slice is its own job of one slice: ``policies/standalone.py`` decides its
+   attempt and its restarts under its failurePolicy (the job's rule, ``failure.book``);
+   a job-owned slice only reports, and its TPUJob decides.
 6. A job-owned slice whose TPUJob is gone or being deleted (or is another job of the same
    name: owner references are compared by UID) does nothing: the garbage collector
    removes it and its pods, and a deleted job starts nothing.
