@@ -34,6 +34,7 @@ from tpu_operator.api.status import Reason
 from tpu_operator.api.template import PodTemplate
 from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
 from tpu_operator.builders.wiring import PodWiring
+from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
 from tpu_operator.reconcile.context import invalid_spec
 from tpu_operator.reconcile.slices import refusal_reason
 from tpu_operator.runtime.kube import ApiError
@@ -455,3 +456,45 @@ def test_a_pod_the_apiserver_finds_invalid_fails_the_job_once():
     assert conditions(job)["Failed"]["reason"] == "InvalidPodTemplate"
     assert why in job["status"]["message"]
     assert cluster.recorded.reasons("j").count("Failed") == 1
+
+
+def slice_spec(**template_spec: Any) -> dict[str, Any]:
+    """A standalone TPUSlice: the shape fields at the top of its spec."""
+    spec = job_spec(**template_spec)
+    return {**spec.pop("slice"), **spec}
+
+
+def test_a_standalone_slices_forbidden_pods_are_said_by_its_next_status_and_retried():
+    cluster = RefusingCluster()
+    why = 'pods "s-0" is forbidden: error looking up service account ml/sa: not found'
+    cluster.refusal = ApiError("POST", "/pods", 403, "Forbidden", why)
+    cluster.apply_slice("s", slice_spec(serviceAccountName="sa"))
+    # the status is written first; the refusal it meets asks for the next status at once
+    assert cluster.reconcile_slice("s") == pytest.approx(MIN_REQUEUE_SECONDS)
+    assert cluster.slice("s")["status"]["message"] == "creating pods"
+    assert cluster.reconcile_slice("s") == pytest.approx(30.0)
+    status = cluster.slice("s")["status"]
+    assert status["phase"] == "Pending" and why in status["message"]
+    ready = conditions(cluster.slice("s"))["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "PodsForbidden")
+    cluster.settle()
+    assert cluster.recorded.reasons("s", contract.SLICE_KIND).count("PodsForbidden") == 1
+    cluster.refusal = None
+    cluster.reconcile_slice("s")
+    cluster.run_pods("s")
+    cluster.settle()
+    assert cluster.slice("s")["status"]["phase"] == "Running"
+
+
+def test_a_pod_the_apiserver_finds_invalid_fails_a_standalone_slice_once():
+    cluster = RefusingCluster()
+    why = 'Pod "s-0" is invalid: spec.containers[0].resources.requests[cpu]: Invalid value'
+    cluster.refusal = ApiError("POST", "/pods", 422, "Invalid", why)
+    cluster.apply_slice("s", slice_spec(worker={"resources": {"requests": {"cpu": "abc"}}}))
+    cluster.settle()
+    status = cluster.slice("s")["status"]
+    assert status["phase"] == "Failed" and why in status["message"]
+    assert status["failure"]["reason"] == "InvalidPodTemplate"
+    assert status["failure"]["counted"] is False
+    assert status.get("restarts", 0) == 0
+    assert cluster.recorded.reasons("s", contract.SLICE_KIND).count("Failed") == 1

@@ -375,6 +375,47 @@ def test_a_conflicting_status_write_decides_again_and_counts_once():
     assert cluster.recorded.restarts == [("TPUJob", "Failed")]
 
 
+def test_a_slice_whose_status_write_conflicts_creates_no_pods():
+    """A slice commits its status before it acts on its pods, as the job does: a write
+    that loses to a concurrent change (409) creates nothing; the next pass does."""
+    cluster = FakeCluster()
+    cluster.apply_slice("s", slice_spec())
+    cluster.apply_job("j", job_spec())
+    cluster.reconcile_job("j")
+    for name in ("s", "j-0"):
+        cluster.conflict_next_status_write.add(name)
+        assert cluster.reconcile_slice(name) == 0.2
+        assert not cluster.pods(name.removesuffix("-0"))
+        assert cluster.status_writes(contract.SLICE_PLURAL)[1] == 1
+        cluster.clear_requests()
+        cluster.reconcile_slice(name)
+        assert cluster.status_writes(contract.SLICE_PLURAL) == (1, 0)
+        assert len(cluster.pods(name.removesuffix("-0"))) == 1
+        cluster.clear_requests()
+
+
+def test_a_resumed_standalone_slice_writes_its_new_attempt_before_its_pods_exist():
+    cluster = FakeCluster()
+    cluster.apply_slice("s", slice_spec())
+    cluster.settle()
+    cluster.run_pods("s")
+    cluster.settle()
+    cluster.slice("s")["spec"]["suspend"] = True
+    cluster.settle()
+    cluster.confirm_deletions()
+    cluster.settle()
+    assert not cluster.pods("s")
+    cluster.slice("s")["spec"]["suspend"] = False
+    cluster.conflict_next_status_write.add("s")
+    cluster.reconcile_slice("s")
+    assert not cluster.pods("s")  # attempt 2 is not written yet: none of its pods exist
+    assert cluster.slice("s")["status"]["attempt"] == 1
+    cluster.reconcile_slice("s")
+    assert cluster.slice("s")["status"]["attempt"] == 2
+    (pod,) = cluster.pods("s").values()
+    assert pod["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT] == "2"
+
+
 def test_standalone_slice_restart_is_counted_once_when_its_write_conflicts():
     cluster = FakeCluster()
     cluster.apply_slice("s", slice_spec())

@@ -21,4 +21,6 @@ unit test beside it (``tests/unit/policies/``).
 - ``stalls``: stalled training and stragglers.
 - ``in_place``: in-place restarts that cannot finish.
 - ``notices``: GKE's maintenance notices on the nodes of a running job.
+- ``standalone``: a standalone TPUSlice, its own job of one slice: its attempt (a resume
+  starts a new one) and its failed attempts, through ``failure.book``.
 """

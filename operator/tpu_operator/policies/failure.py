@@ -13,17 +13,55 @@ cannot (``elastic.shrink``)."""
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
 from tpu_operator import contract
 from tpu_operator.api.common import Failure
 from tpu_operator.api.conditions import stamp
+from tpu_operator.api.policy import FailurePolicy
 from tpu_operator.api.status import ConditionType, Phase, Reason, RestartKind
-from tpu_operator.decisions import RestartChoice, book_restart, decide, restart_kind
+from tpu_operator.decisions import (
+    Decision,
+    RestartChoice,
+    RestartCounters,
+    book_restart,
+    decide,
+    restart_kind,
+)
 from tpu_operator.policies import elastic, pools
 from tpu_operator.policies.in_place import IN_PLACE_KINDS
 from tpu_operator.policies.plan import Act, JobFacts, Plan, World
 from tpu_operator.policies.suspend import stopped
 from tpu_operator.state.gang import WorkerFailure
+
+
+@dataclass(frozen=True)
+class Booked:
+    """The failure policy's word on a failed attempt, and the restart it booked."""
+
+    decision: Decision
+    delay: float = 0.0
+    """The backoff before the next attempt may create pods (s)."""
+    not_before: str | None = None
+    """When the next attempt may create pods (None: at once, or no restart)."""
+
+
+def book(
+    failure: WorkerFailure,
+    policy: FailurePolicy,
+    counters: RestartCounters,
+    now: dt.datetime,
+    *,
+    count_stalls: bool = True,
+) -> Booked:
+    """Whether ``failure`` restarts under ``policy`` (``decisions.decide``); a restart is
+    counted in ``counters`` and given its backoff (``decisions.book_restart``). The one
+    rule of a failed attempt, for a job and for a standalone TPUSlice."""
+    decision = decide(failure, policy, counters.counted_restarts, count_stalls=count_stalls)
+    if not decision.restart:
+        return Booked(decision)
+    delay = book_restart(counters, decision, policy)
+    return Booked(decision, delay, stamp(now + dt.timedelta(seconds=delay)) if delay else None)
 
 
 def fail(facts: JobFacts, plan: Plan, reason: Reason, message: str, record: Failure | None) -> None:
@@ -90,12 +128,14 @@ def attempt_failed(
 ) -> None:
     """``attempt`` failed with ``failure``: restart as the failure policy says, or fail."""
     status = plan.status
-    decision = decide(
+    booked = book(
         failure,
         facts.policy,
-        status.counted_restarts,
+        status,
+        plan.now,
         count_stalls=facts.monitoring.count_stall_restarts,
     )
+    decision = booked.decision
     failed_at = plan.now
     track = facts.track
     if failure.reason == Reason.STALLED and track and track.advanced_at:
@@ -117,8 +157,8 @@ def attempt_failed(
         fail(facts, plan, decision.reason, decision.message, record)
         return
     plan.account.close_attempt(facts.total_workers)
-    delay = book_restart(status, decision, facts.policy)
-    status.restart_at = stamp(plan.now + dt.timedelta(seconds=delay)) if delay else None
+    delay = booked.delay
+    status.restart_at = booked.not_before
     status.attempt = attempt + 1
     status.phase = Phase.RESTARTING
     pods = facts.pods

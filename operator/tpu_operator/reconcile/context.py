@@ -82,6 +82,20 @@ class Reservations:
             del self.by_pool[pool]
 
 
+@dataclass(frozen=True)
+class PodRefusal:
+    """Why a slice's last try to create the pods of an attempt did not create them (the
+    pods are created after the slice's status is written, so its next status says it)."""
+
+    uid: str
+    """The slice's UID (a slice of the same name created later is another slice)."""
+    attempt: int
+    reason: Reason
+    """``InvalidPodTemplate`` (the slice fails), else ``PodsForbidden`` or
+    ``PodCreationFailed`` (retried until the cause is gone)."""
+    message: str
+
+
 @dataclass
 class Context:
     kube: Kube
@@ -106,6 +120,9 @@ class Context:
     refused_slices: dict[tuple[str, str], SliceRefusal] = field(default_factory=dict)
     """Jobs whose TPUSlices the apiserver refused at their last write, by (namespace,
     name): what it said, for the job's next status (the write follows the commit)."""
+    refused_pods: dict[tuple[str, str], PodRefusal] = field(default_factory=dict)
+    """TPUSlices whose pods could not be created at their last try, by (namespace, name):
+    why, for the slice's next status (the pods are created after the write)."""
     pods_in_flight: PodsInFlight = field(default_factory=PodsInFlight)
     """Pods created on a node pool that the pod cache does not show yet (they hold it)."""
     supervisors: Supervisors | None = None

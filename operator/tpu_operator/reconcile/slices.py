@@ -1,5 +1,13 @@
 """TPUSlice reconciler: one pod per host for the slice's current attempt, and its status.
 
+One reconcile (``SliceRun.reconcile``) observes the slice's pods in the watch caches,
+decides its status, writes it (once, guarded by the resourceVersion that was read), and
+only then acts on the pods, as the job does: a write that loses to a concurrent change
+(409) acts on nothing. What the act meets (pods the apiserver refuses, a Service that
+belongs to another object) is said by the next status, which it asks for at once. The
+capacity the pods consume (a ProvisioningRequest, a GKE Slice of dynamic slicing) is
+still asked for while observing, before the write.
+
 Rules, applied on every reconcile from the watch caches (level-triggered):
 
 1. Pods of any other attempt are deleted. Pods the job carries into the current attempt
@@ -15,8 +23,9 @@ Rules, applied on every reconcile from the watch caches (level-triggered):
    the attempt were seen ends the attempt (it is not silently replaced).
 4. A suspended slice (or one whose job is suspended or finished) deletes its running
    pods and creates none.
-5. A standalone slice restarts itself under its failurePolicy; a job-owned slice only
-   reports, and its TPUJob decides.
+5. A standalone slice is its own job of one slice: ``policies/standalone.py`` decides its
+   attempt and its restarts under its failurePolicy (the job's rule, ``failure.book``);
+   a job-owned slice only reports, and its TPUJob decides.
 6. A job-owned slice whose TPUJob is gone or being deleted (or is another job of the same
    name: owner references are compared by UID) does nothing: the garbage collector
    removes it and its pods, and a deleted job starts nothing.
@@ -45,7 +54,6 @@ from tpu_operator.builders.service import headless_service
 from tpu_operator.builders.supervision import Supervision
 from tpu_operator.builders.wiring import PodWiring, Ports
 from tpu_operator.catalog import CatalogError, SliceShape
-from tpu_operator.decisions import book_restart, decide
 from tpu_operator.placement import dynamic
 from tpu_operator.placement.capacity import (
     PROVISIONING_REQUEST_API,
@@ -58,11 +66,13 @@ from tpu_operator.placement.capacity import (
 )
 from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import is_claim
+from tpu_operator.policies import standalone
 from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
 from tpu_operator.policies.start import POOL_RETRY_SECONDS
 from tpu_operator.reconcile.context import (
     RETRY_AFTER_CONFLICT,
     Context,
+    PodRefusal,
     mark_invalid,
     slice_ref,
     write_status,
@@ -159,6 +169,7 @@ class SliceReconciler:
         if body is None:
             ctx.caches.tombstones.forget_slice(namespace, name)
             ctx.created_pods.forget(key)
+            ctx.refused_pods.pop(key, None)
             ctx.reservations.release(slice_holder(namespace, name))
             return await release_dynamic_slices(ctx, namespace, name)
         if body["metadata"].get("deletionTimestamp"):
@@ -221,9 +232,8 @@ class SliceRun:
         self.status = TPUSliceStatus.model_validate(body.get("status") or {})
         self.now = ctx.clock()
         self.requeue: float | None = None
-        self.template_error = ""
         self.create_reason: Reason | None = None
-        """Why this reconcile could not create pods it should have (then retried)."""
+        """Why the last try could not create pods it should have (then retried)."""
         self.after_commit: list[Callable[[], None]] = []
         self.provisioning: tuple[str, int, str] | None = None
         """The ProvisioningRequest of this reconcile: (name, tries, state in words)."""
@@ -240,17 +250,15 @@ class SliceRun:
         return slice_holder(self.namespace, self.name)
 
     async def reconcile(self) -> float | None:
+        """Observe, decide the status, commit it, then act on the pods (as the job does):
+        a status write that loses to a concurrent change (409) acts on nothing."""
         ctx, spec, status = self.ctx, self.spec, self.status
         if self.managed:
             target = spec.attempt
             not_before = parse(spec.not_before)
         else:
-            target = max(status.attempt, 1)
-            if status.phase == Phase.SUSPENDED and not spec.suspend:
-                # Resumed: a new attempt (not a restart), as for a TPUJob.
-                target = status.attempt + 1
+            target = standalone.attempt(status, spec.suspend)
             not_before = parse(status.not_before)
-            await ctx.ensure_service(self.namespace, self._service())
 
         pods = ctx.caches.pods_of_slice(self.namespace, self.name)
         attempts = (
@@ -274,9 +282,6 @@ class SliceRun:
             not_ready_nodes=ctx.caches.not_ready_nodes(nodes_of(pods, tombstones)),
         )
         stopping = spec.suspend or target == 0
-        await self._delete_stale(state)
-        if stopping:
-            await self._stop_active(state)
 
         node_pool = spec.node_pool or status.node_pool
         waiting_for = ""
@@ -299,7 +304,6 @@ class SliceRun:
             and state.outcome in ("Creating",)
             and (node_pool or not self.shape.needs_pool or self.managed)
         )
-        create_error = ""
         to_create = self._not_awaited(state, pods, target)
         gke_slice = None
         if self.shape.dynamic is not None:
@@ -309,11 +313,10 @@ class SliceRun:
             if forming or release:
                 gke_slice, waiting_for = await self._dynamic_slice(target, release, forming)
                 can_create = can_create and gke_slice is not None
-        if can_create and to_create:
-            create_error = await self._create_pods(
-                to_create, target, node_pool, capacity, gke_slice
-            )
+        creating = can_create and bool(to_create)
+        refusal = self._refusal(target) if creating else None
 
+        # decide
         new = self._status(
             state,
             pods,
@@ -323,9 +326,27 @@ class SliceRun:
             barrier,
             node_pool,
             waiting_for,
-            create_error,
+            refusal,
         )
-        previous_phase = status.phase
+
+        # commit
+        if not await self._commit(new, stopping):
+            return RETRY_AFTER_CONFLICT
+
+        # act
+        if not self.managed:
+            await self._ensure_service()
+        await self._delete_stale(state)
+        if stopping:
+            await self._stop_active(state)
+        if creating:
+            await self._create_pods(to_create, target, node_pool, capacity, gke_slice, refusal)
+        return self.requeue
+
+    async def _commit(self, new: dict[str, Any], stopping: bool) -> bool:
+        """Write the status (once, unless only counters moved); on success post the
+        events of this reconcile. False: the write lost to a concurrent change."""
+        ctx = self.ctx
         if not self.after_commit:
             # The job's status carries this slice's ready count: its slices share the
             # job's pace of counter writes (pacing.py).
@@ -337,16 +358,23 @@ class SliceRun:
             )
             if hold:
                 self._after(hold)
-                return self.requeue
+                return True
         if not await write_status(ctx.kube, contract.SLICE_PLURAL, self.body, new, ctx.pacer):
-            return RETRY_AFTER_CONFLICT
+            return False
         if stopping or new.get("phase") in TERMINAL_PHASES:
             # Its record no longer holds a pool; its pods do, until they are gone.
             ctx.reservations.release(self.holder)
         for action in self.after_commit:
             action()
-        self._events(previous_phase, new)
-        return self.requeue
+        self._events(self.status.phase, new)
+        return True
+
+    def _refusal(self, target: int) -> PodRefusal | None:
+        """Why the last try to create this attempt's pods failed, if it did."""
+        refusal = self.ctx.refused_pods.get((self.namespace, self.name))
+        if refusal is None or refusal.uid != self.body["metadata"]["uid"]:
+            return None
+        return refusal if refusal.attempt == target else None
 
     async def _capacity(
         self,
@@ -497,6 +525,14 @@ class SliceRun:
 
     def _event_later(self, kind: str, reason: Reason, message: str) -> None:
         self.provisioning_events.append((kind, reason, message))
+
+    async def _ensure_service(self) -> None:
+        """A standalone slice's headless Service; a conflict found here is said by the
+        next status (the Service is made after the write)."""
+        known = self._service_conflict()
+        await self.ctx.ensure_service(self.namespace, self._service())
+        if self._service_conflict() != known:
+            self._after(MIN_REQUEUE_SECONDS)
 
     def _service(self) -> dict[str, Any]:
         meta = self.body["metadata"]
@@ -655,8 +691,11 @@ class SliceRun:
         target: int,
         node_pool: str | None,
         capacity: CapacityMode,
-        gke_slice: str | None = None,
-    ) -> str:
+        gke_slice: str | None,
+        reported: PodRefusal | None,
+    ) -> None:
+        """Create ``members``' pods; what the apiserver refused is remembered for the
+        slice's next status (``reported``: the refusal this reconcile's status said)."""
         spec = self.spec
         meta = self.body["metadata"]
         owner = Owner(contract.API_VERSION, contract.SLICE_KIND, self.name, meta["uid"])
@@ -724,35 +763,56 @@ class SliceRun:
 
         results = await asyncio.gather(*(create(m) for m in members), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
+        key = (self.namespace, self.name)
         if not errors:
-            return ""
+            self.ctx.refused_pods.pop(key, None)
+            return
+        refusal = self._refusal_of(errors, target)
+        self.ctx.refused_pods[key] = refusal
+        if refusal.reason != Reason.INVALID_POD_TEMPLATE:
+            self._after(FORBIDDEN_RETRY_SECONDS)
+        if reported is None or (reported.reason, reported.message) != (
+            refusal.reason,
+            refusal.message,
+        ):
+            self._after(MIN_REQUEUE_SECONDS)  # the next status says it
+
+    def _refusal_of(self, errors: list[BaseException], target: int) -> PodRefusal:
+        """What the errors of a try to create pods mean for the slice (raised again when
+        it was the connection, not the apiserver's answer: the key backs off)."""
+        uid = self.body["metadata"]["uid"]
         unbuildable = [e for e in errors if isinstance(e, TemplateBuildError)]
         if unbuildable:
-            self.template_error = (
+            return PodRefusal(
+                uid,
+                target,
+                Reason.INVALID_POD_TEMPLATE,
                 f"spec.template: the worker pod cannot be built from it ({unbuildable[0]}); "
-                "fix spec.template (the job cannot run with it)"
+                "fix spec.template (the job cannot run with it)",
             )
-            return self.template_error
         unexpected = [e for e in errors if not isinstance(e, ApiError)]
         if unexpected:
-            raise unexpected[0]  # the connection, not the apiserver's answer: back off
+            raise unexpected[0]
         refusals = {refusal_reason(e): e for e in errors if isinstance(e, ApiError)}
         invalid = refusals.get(Reason.INVALID_POD_TEMPLATE)
         if invalid is not None:
-            self.template_error = (
+            return PodRefusal(
+                uid,
+                target,
+                Reason.INVALID_POD_TEMPLATE,
                 f"the apiserver rejected the worker pod: {invalid.message}; fix "
-                "spec.template (the job cannot run with it)"
+                "spec.template (the job cannot run with it)",
             )
-            return self.template_error
         reason = Reason.PODS_FORBIDDEN
         refused = refusals.get(reason)
         if refused is None:
             reason, refused = next(iter(refusals.items()))
-        self.create_reason = reason
-        self._after(FORBIDDEN_RETRY_SECONDS)
-        return (
+        return PodRefusal(
+            uid,
+            target,
+            reason,
             f"pods cannot be created, retrying every {FORBIDDEN_RETRY_SECONDS:.0f} s until "
-            f"the cause is gone: {refused.message}"
+            f"the cause is gone: {refused.message}",
         )
 
     def _status(
@@ -765,9 +825,12 @@ class SliceRun:
         draining: bool,
         node_pool: str | None,
         waiting_for: str,
-        create_error: str,
+        refusal: PodRefusal | None,
     ) -> dict[str, Any]:
         spec, old = self.spec, self.status
+        invalid = refusal is not None and refusal.reason == Reason.INVALID_POD_TEMPLATE
+        if refusal is not None and not invalid:
+            self.create_reason = refusal.reason
         # A second validation of what was read, not ``old.model_copy(deep=True)``: the
         # same independent copy, in a tenth of the time (pydantic's deep copy walks
         # every condition and failure through ``copy.deepcopy``: a third of a slice
@@ -797,8 +860,8 @@ class SliceRun:
             status.start_time = stamp(self.now)
         message = ""
         phase: Phase
-        if self.template_error:
-            phase, message = Phase.FAILED, self.template_error
+        if refusal is not None and invalid:
+            phase, message = Phase.FAILED, refusal.message
             status.failure = Failure(
                 attempt=target,
                 reason=Reason.INVALID_POD_TEMPLATE,
@@ -806,8 +869,8 @@ class SliceRun:
                 counted=False,
                 time=stamp(self.now),
             )
-        elif create_error:
-            phase, message = Phase.PENDING, create_error
+        elif refusal is not None:
+            phase, message = Phase.PENDING, refusal.message
         elif (
             state.outcome in ("Succeeded", "Failed")
             and not blocked
@@ -864,7 +927,7 @@ class SliceRun:
         else:
             phase, message = Phase.RUNNING, f"{state.total} workers running"
 
-        if not self.managed and phase == Phase.FAILED and not self.template_error and state.failure:
+        if not self.managed and phase == Phase.FAILED and not invalid and state.failure:
             phase, message = self._standalone_failure(status, state, target)
         if phase in TERMINAL_PHASES and status.completion_time is None:
             status.completion_time = stamp(self.now)
@@ -917,24 +980,17 @@ class SliceRun:
     def _standalone_failure(
         self, status: TPUSliceStatus, state: GangState, target: int
     ) -> tuple[Phase, str]:
-        """A standalone slice decides its own restart (status is updated in place)."""
+        """A standalone slice's failed attempt, under the job's failure policy
+        (``policies/standalone.py``; ``status`` is updated in place)."""
         assert state.failure is not None
         policy = self.spec.failure_policy or FailurePolicy()
-        decision = decide(state.failure, policy, status.counted_restarts)
-        if status.failure is not None:
-            status.failure.counted = decision.counted
-        if not decision.restart:
-            return Phase.FAILED, decision.message
-        delay = book_restart(status, decision, policy)
-        status.not_before = stamp(self.now + dt.timedelta(seconds=delay)) if delay else None
-        status.attempt = target + 1
-        status.completion_time = None
-        # Counted once the decision is committed (a lost write is decided again).
-        self.after_commit.append(
-            lambda: self.ctx.metrics.restart(contract.SLICE_KIND, decision.reason)
-        )
-        self._after(delay)
-        return Phase.RESTARTING, f"restarting (attempt {target + 1}): {decision.message}"
+        ending = standalone.attempt_failed(status, state.failure, policy, self.now, target)
+        reason = ending.restart
+        if reason is not None:
+            # Counted once the decision is committed (a lost write is decided again).
+            self.after_commit.append(lambda: self.ctx.metrics.restart(contract.SLICE_KIND, reason))
+            self._after(ending.delay)
+        return ending.phase, ending.message
 
     def _service_conflict(self) -> str:
         if self.managed:
