@@ -306,3 +306,17 @@ def test_pods_created_but_not_yet_cached_hold_their_pool_after_their_slice_is_go
     cluster.collect_garbage()
     cluster.reconcile_job("c")
     assert cluster.job("c")["status"]["nodePools"] == ["p1"]
+
+
+@pytest.mark.parametrize(("finished", "taken"), [(False, "p3"), (True, "p1")])
+def test_a_job_s_spares_are_kept_from_other_jobs_until_it_finishes(finished: bool, taken: str):
+    cluster = cluster_with_pools("p1", "p2", "p3")
+    cluster.apply_job("b", job_spec(placement={"spares": {"nodePools": ["p1"]}}))
+    cluster.reconcile_job("b")
+    assert cluster.job("b")["status"]["nodePools"] == ["p2"]  # its own spare it leaves too
+    if finished:
+        cluster.job("b")["status"]["phase"] = Phase.SUCCEEDED
+        cluster.job("b")["status"]["nodePools"] = []
+    cluster.apply_job("a", job_spec())
+    cluster.reconcile_job("a")
+    assert cluster.job("a")["status"]["nodePools"] == [taken]

@@ -424,6 +424,24 @@ BY_LABEL = spares_of(match_labels={"role": "spare"})
             [],
             "",
         ),
+        # Another job's spare is taken by no one else, not even to replace a slice ...
+        (
+            [v5p("a-spare")],
+            {},
+            Request(V5P_16, others=spares_of(["a-spare"]), replacing=True),
+            None,
+            [],
+            "a-spare is a spare another TPUJob holds in reserve",
+        ),
+        # ... unless this job's own spares (or the operator's) name it too.
+        (
+            [v5p("a-spare")],
+            {},
+            Request(V5P_16, spares=BY_NAME, others=spares_of(["a-spare"]), replacing=True),
+            "a-spare",
+            [0],
+            "",
+        ),
         # The pool it leaves is never a choice, spare or not.
         (
             [v5p("a-spare")],

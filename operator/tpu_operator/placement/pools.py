@@ -197,6 +197,9 @@ class Request:
     """Pools held in reserve: not taken unless ``replacing``."""
     replacing: bool = False
     """The slice replaces one on a broken pool: a spare first, then any free pool."""
+    others: Spares = NO_SPARES
+    """Pools other jobs hold in reserve (their ``spec.placement.spares``): never taken,
+    unless ``spares`` (this job's own, or the operator's) holds them too."""
     capacity: str | None = None
     """``placement.capacity``: only a pool of VMs GKE obtained that way (None: only one
     of on-demand, Spot or reserved VMs)."""
@@ -261,6 +264,8 @@ def _unfit(pool: PoolView, request: Request, held_by: str | None) -> str | None:
     shape = request.shape
     if pool.name == request.leaves:
         return f"{pool.name} is the pool the slice moves off"
+    if request.others.holds(pool) and not request.spares.holds(pool):
+        return f"{pool.name} is a spare another TPUJob holds in reserve (spec.placement.spares)"
     if not request.replacing and request.spares.holds(pool):
         return f"{pool.name} is a spare pool (kept to replace a slice on a broken pool)"
     wrong = _wrong_machine(pool, shape)

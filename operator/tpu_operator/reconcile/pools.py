@@ -42,11 +42,13 @@ from tpu_operator.api.shape import ShapeFields
 from tpu_operator.api.status import TERMINAL_PHASES, Phase
 from tpu_operator.catalog import SliceShape
 from tpu_operator.placement.pools import (
+    NO_SPARES,
     Allocation,
     MachineChoice,
     PoolGone,
     PoolView,
     Request,
+    Spares,
     allocate,
     choose_machine,
     pool_ends,
@@ -54,6 +56,7 @@ from tpu_operator.placement.pools import (
     pools_from_nodes,
     provisions,
     resolve_claim,
+    spares_of,
     vanished_pools,
     with_default,
 )
@@ -202,6 +205,26 @@ def tpu_pools(ctx: Context) -> dict[str, PoolView]:
     return ctx.caches.from_nodes("pools", pools_from_nodes)
 
 
+def spares_of_others(ctx: Context, holder: str) -> Spares:
+    """The pools the TPUJobs other than ``holder`` that have not finished hold in reserve
+    (``spec.placement.spares``): no one else's placement takes them. Read from the cached
+    bodies (a few dict lookups per job: an allocation is rare beside the jobs it reads)."""
+    found = NO_SPARES
+    for body in ctx.caches.jobs():
+        spares = ((body.get("spec") or {}).get("placement") or {}).get("spares")
+        if not isinstance(spares, dict):
+            continue
+        meta, status = body.get("metadata") or {}, body.get("status") or {}
+        if status.get("phase") in TERMINAL_PHASES:
+            continue
+        if job_holder(meta.get("namespace", ""), meta.get("name", "")) == holder:
+            continue
+        names = [n for n in spares.get("nodePools") or () if isinstance(n, str)]
+        labels = (spares.get("selector") or {}).get("matchLabels")
+        found = found | spares_of(names, labels if isinstance(labels, dict) else None)
+    return found
+
+
 def slice_pool_values(
     meta: dict[str, Any], slices: int | None, renewal: int | None = None
 ) -> list[str]:
@@ -224,6 +247,9 @@ def choose_pools(ctx: Context, holder: str, requests: list[Request]) -> Allocati
     requests = with_default(requests, ctx.default_provisioning)
     if ctx.default_spares:
         requests = [replace(r, spares=r.spares | ctx.default_spares) for r in requests]
+    others = spares_of_others(ctx, holder)
+    if others:
+        requests = [replace(r, others=others) for r in requests]
     allocation = allocate(requests, pools, held_pools(ctx, exclude=holder, pools=pools))
     if allocation.pools is not None:
         ctx.reservations.reserve(holder, allocation.pools)
