@@ -200,6 +200,7 @@ def test_every_flag_of_the_operator_has_a_chart_value(helm: ReleaseHelm):
             "inPlaceRestarts": {"networkPolicy": {"enabled": True}},
             "operator": {"verbose": True},
             "metrics": {"auth": {"certSecret": "metrics-cert"}},
+            "placement": {"spareNodePoolSelector": {"example.com/pool-role": "spare", "b": "x"}},
         }
     )
     nothing = helm.template(
@@ -237,6 +238,11 @@ def test_every_flag_of_the_operator_has_a_chart_value(helm: ReleaseHelm):
         assert flag in args
     parsed = cli._parser().parse_args(args)  # the rendered arguments parse
     assert parsed.gc_threshold == 1_000_000 and parsed.reconcile_min_interval == 0.25
+    spares = next(d for d in everything if d["kind"] == "Deployment")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    # Sorted by key, so that a values file's order changes no rollout.
+    assert "--spare-node-pool-selector=b=x,example.com/pool-role=spare" in spares
 
 
 def test_user_roles_aggregate_into_edit_and_view(helm: ReleaseHelm):
