@@ -461,12 +461,14 @@ def tpu_queues(
     topology: bool = False,
     preemption: bool = True,
     admission_checks: Iterable[str] = (),
+    queueing_strategy: str | None = None,
 ) -> list[dict[str, Any]]:
     """ResourceFlavors for the simulated TPU pools (one per accelerator and topology,
     selecting its nodes by label), a ClusterQueue over them with ``chips`` of
     ``google.com/tpu`` each (default: all chips of the pools of that flavor) and a
     LocalQueue in each namespace. ``topology``: a Topology on the node-pool level and
-    flavors that use it (topology-aware scheduling)."""
+    flavors that use it (topology-aware scheduling). ``queueing_strategy``: the
+    ClusterQueue's (StrictFIFO or BestEffortFIFO; unset: Kueue's default, BestEffortFIFO)."""
     flavors: dict[str, dict[str, Any]] = {}
     capacity: dict[str, int] = {}
     for pool in pools:
@@ -524,6 +526,8 @@ def tpu_queues(
     }
     if preemption:
         cq_spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
+    if queueing_strategy:
+        cq_spec["queueingStrategy"] = queueing_strategy
     if checks := list(admission_checks):
         cq_spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": c} for c in checks]}
     docs.append(

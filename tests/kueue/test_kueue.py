@@ -93,7 +93,10 @@ def test_second_job_stays_queued_until_the_first_finishes(tpu, namespace, queue,
 def test_queued_jobs_show_their_position_from_kueue_s_visibility_api(
     tpu, namespace, queue, operator
 ):
-    queue(chips=4)  # one v5litepod-4 slice (4 chips) at a time
+    # One v5litepod-4 slice (4 chips) at a time. StrictFIFO: under BestEffortFIFO, Kueue
+    # sets a workload it found inadmissible aside, and the one behind it may be tried
+    # (and counted) first, so the order the positions say depends on timing.
+    queue(chips=4, queueing_strategy="StrictFIFO")
     tpu.apply(queued_job("first", namespace, {"type": "v5litepod-4"}, "sleep 300"))
     tpu.wait_phase(namespace, "first", "Running", timeout=90)
     tpu.apply(queued_job("second", namespace, {"type": "v5litepod-4"}, "sleep 300"))
