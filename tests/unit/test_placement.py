@@ -20,7 +20,6 @@ from tpu_operator.placement.pools import (
     choose_machine,
     job_spares,
     parse_selector,
-    pool_ends,
     pools_from_nodes,
     provisions,
     requests_for,
@@ -552,5 +551,6 @@ def test_a_pool_ends_when_its_first_vm_is_taken_back():
             name, pool, "tpu-v6e-slice", "4x4", True, False, False, None, 4, terminates_at=ends
         )
 
-    ends = pool_ends([node("a", "p", 30.0), node("b", "p", 20.0), node("c", "q", None)])
+    pools = pools_from_nodes([node("a", "p", 30.0), node("b", "p", 20.0), node("c", "q", None)])
+    ends = {name: pool.ends for name, pool in pools.items() if pool.ends is not None}
     assert ends == {"p": 20.0}

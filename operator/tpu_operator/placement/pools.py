@@ -68,6 +68,9 @@ class PoolView:
     """The slice-pool label of a pool GKE created for a slice's pods (its taint's value)."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """The labels every node of the pool carries (spare pools are selected by them)."""
+    ends: float | None = None
+    """The earliest time GKE takes back one of its VMs (Unix time), if its nodes say
+    (flex-start VMs: ``NodeView.terminates_at``)."""
 
     @property
     def capacity(self) -> str | None:
@@ -108,6 +111,9 @@ def pools_from_nodes(nodes: Iterable[NodeView]) -> dict[str, PoolView]:
         chips = chips_of_node(node)
         if chips is not None and (pool.chips_per_vm is None or node.machine_type):
             pool.chips_per_vm = chips
+        if node.terminates_at is not None:
+            ends = node.terminates_at
+            pool.ends = ends if pool.ends is None else min(pool.ends, ends)
         pool.machine_type = pool.machine_type or node.machine_type
         pool.slice_pool = pool.slice_pool or node.slice_pool
     return pools
@@ -289,16 +295,6 @@ def _unfit(pool: PoolView, request: Request, held_by: str | None) -> str | None:
 
 def _capacity_words(capacity: str | None) -> str:
     return CAPACITY_WORDS.get(capacity, capacity) if capacity else "on-demand, Spot or reserved"
-
-
-def pool_ends(nodes: Iterable[NodeView]) -> dict[str, float]:
-    """Node pool -> the earliest time GKE takes back one of its VMs (Unix time), for the
-    pools whose nodes say (flex-start VMs: ``NodeView.terminates_at``)."""
-    ends: dict[str, float] = {}
-    for node in nodes:
-        if node.pool and node.terminates_at is not None:
-            ends[node.pool] = min(ends.get(node.pool, node.terminates_at), node.terminates_at)
-    return ends
 
 
 def pool_unhealthy(pool: PoolView) -> str | None:

@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import replace
 
 from tpu_operator import contract
 from tpu_operator.api.conditions import stamp
 from tpu_operator.api.job import DroppedSlice, GrowBack
 from tpu_operator.api.status import ConditionType, Phase, Reason, RestartKind
 from tpu_operator.decisions import Decision, book_restart
-from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import is_claim
 from tpu_operator.policies import fallback, notices
 from tpu_operator.policies import pools as pool_moves
@@ -166,18 +164,10 @@ def grow(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
         allocation = None
         if len(refs) == facts.spec.num_slices and not pinned:
             # Growing back takes a pool that is there; a flex-start or queued-provisioning
-            # slice never one of another capacity (``fresh``): it waits for its own.
-            claims = world.claims(len(refs), renewal=attempt)
-            requests = [
-                replace(r, provision=False, leaves=refs[i], replacing=True)
-                if i in other
-                else replace(r, pinned=refs[i])
-                for i, r in enumerate(
-                    requests_for(
-                        facts.shape, placement, len(refs), claims, admitted_capacity=facts.kueue
-                    )
-                )
-            ]
+            # slice never one of another capacity: it waits for its own.
+            requests = pool_moves.moving(
+                facts, world, placement, refs, other, attempt, new_vms=False
+            )
             allocation = world.allocate(requests)
         if allocation is None or allocation.pools is None:
             status.grow_back = None  # no capacity (or no longer)

@@ -15,14 +15,15 @@ no slice is given it meanwhile (``placement/pools.pool_unhealthy``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from functools import partial
 
 from tpu_operator.api.conditions import stamp
 from tpu_operator.api.job import BrokenPool
+from tpu_operator.api.policy import Placement
 from tpu_operator.api.status import ConditionType, Reason
-from tpu_operator.placement.pools import requests_for
+from tpu_operator.placement.pools import Request, requests_for
 from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_of, claim_ref, is_claim
 from tpu_operator.policies import fallback
 from tpu_operator.policies.plan import JobFacts, Plan, World
@@ -118,6 +119,32 @@ def watch_broken(plan: Plan, world: World) -> None:
         )
 
 
+def moving(
+    facts: JobFacts,
+    world: World,
+    placement: Placement | None,
+    refs: list[str],
+    slices: Collection[int],
+    attempt: int,
+    *,
+    new_vms: bool,
+) -> list[Request]:
+    """The requests of an allocation that moves ``slices`` off their pools (``refs``, one
+    per slice), the others pinned to theirs: a moving slice takes a spare first, never
+    the pool it leaves, and never a pool of another capacity than its own. ``new_vms``: a
+    flex-start or queued-provisioning slice may ask GKE for a new pool of its capacity (a
+    claim renewed for ``attempt``); otherwise only a pool that exists is taken."""
+    claims = world.claims(len(refs), renewal=attempt)
+    return [
+        replace(r, provision=new_vms and r.fresh, leaves=refs[i], replacing=True)
+        if i in slices
+        else replace(r, pinned=refs[i])
+        for i, r in enumerate(
+            requests_for(facts.shape, placement, len(refs), claims, admitted_capacity=facts.kueue)
+        )
+    ]
+
+
 def move_from_unhealthy(
     facts: JobFacts,
     plan: Plan,
@@ -150,15 +177,7 @@ def move_from_unhealthy(
     # A slice of flex-start or queued-provisioning capacity moves only to a new pool of
     # that capacity (a new claim: GKE provisions it); any other slice only to a free pool
     # that exists (its own repair is what it would otherwise wait for).
-    claims = world.claims(len(refs), renewal=plan.status.attempt)
-    requests = [
-        replace(r, provision=r.fresh, leaves=refs[i], replacing=True)
-        if i in broken
-        else replace(r, pinned=refs[i])
-        for i, r in enumerate(
-            requests_for(facts.shape, placement, len(refs), claims, admitted_capacity=facts.kueue)
-        )
-    ]
+    requests = moving(facts, world, placement, refs, broken, plan.status.attempt, new_vms=True)
     allocation = world.allocate(requests)
     if allocation.pools is None:
         stuck = {

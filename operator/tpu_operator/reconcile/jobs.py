@@ -49,7 +49,6 @@ from tpu_operator.placement.pools import (
     PoolGone,
     Request,
     job_spares,
-    pool_ends,
 )
 from tpu_operator.policies import (
     elastic,
@@ -189,8 +188,8 @@ class CachedWorld:
         return self.ctx.caches.terminating_nodes(before)
 
     def pools_end(self, pools: list[str]) -> float | None:
-        ends = self.ctx.caches.from_nodes("pool ends", pool_ends)
-        found = [ends[p] for p in pools if p in ends]
+        known = tpu_pools(self.ctx)
+        found = [e for p in pools if p in known and (e := known[p].ends) is not None]
         return min(found) if found else None
 
     def pods_on_node(self, node: str) -> list[PodView]:

@@ -51,7 +51,6 @@ from tpu_operator.placement.pools import (
     Spares,
     allocate,
     choose_machine,
-    pool_ends,
     pool_unhealthy,
     pools_from_nodes,
     provisions,
@@ -371,7 +370,6 @@ def unhealthy(ctx: Context, refs: list[str], hosts: int) -> dict[int, str]:
     than the slice's ``hosts`` (one deleted, GKE yet to replace it). Claims and pools with
     no nodes left (``vanished``) are not."""
     pools = tpu_pools(ctx)
-    ends = ctx.caches.from_nodes("pool ends", pool_ends)
     now = ctx.clock().timestamp()
     found: dict[int, str] = {}
     for index, ref in enumerate(refs):
@@ -381,7 +379,7 @@ def unhealthy(ctx: Context, refs: list[str], hosts: int) -> dict[int, str]:
         why = pool_unhealthy(pool)
         if why is None and pool.nodes < hosts:
             why = f"{pool.name} has {pool.nodes} of the {hosts} VMs its slice needs"
-        if why is None and ref in ends and ends[ref] <= now:
+        if why is None and pool.ends is not None and pool.ends <= now:
             # Flex-start VMs at the end of their run duration: GKE is taking them back.
             why = f"{pool.name} is taken back by GKE (its VMs' run duration ended)"
         if why:
