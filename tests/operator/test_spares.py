@@ -145,3 +145,61 @@ def test_a_slice_on_a_broken_pool_moves_to_the_spare_and_the_others_keep_their_p
     assert (condition["status"], condition["reason"]) == ("True", "NodePoolsHealthy")
     assert status["attempt"] == 2 and status["phase"] == "Running", status
     assert "Traceback" not in running_operator.tail(400)
+
+
+def test_a_slice_whose_pool_is_deleted_moves_to_the_spare(
+    tpu, namespace, cluster, running_operator, tpu_pools, spare_pool
+):
+    """A pool deleted whole under a running slice (its nodes and pods gone with it) does
+    not come back: the slice must not wait for it (the job does not ask GKE for pools
+    here). Slice 1 is recreated on the spare, slice 0 restarts in place in the
+    pods it has, and training resumes from the checkpoint."""
+    spare = spare_pool()
+    main = tpu_pools(2)
+    manifest, directory = demo_job(
+        namespace,
+        "deleted",
+        "--steps=100000",
+        numSlices=2,
+        slice={"type": "v4-16"},
+        placement={"spares": {"nodePools": [spare]}},
+    )
+    tpu.apply(manifest)
+    first = running_attempt(tpu, namespace, "deleted", 1, timeout=300)
+    assert sorted(first["nodePools"]) == sorted(main), first
+    wait_until(lambda: steps_saved(directory), timeout=300, message="a first checkpoint")
+    before = identities(tpu, namespace)
+    kept, gone = first["nodePools"]
+    # Every node of the pool is gone before the operator looks again (frozen meanwhile):
+    # the restart finds a pool with no nodes, not one with a VM missing.
+    running_operator.freeze()
+    try:
+        cluster.agent.remove_pool(gone)
+    finally:
+        running_operator.thaw()
+    status = running_attempt(tpu, namespace, "deleted", 2, timeout=300)
+    assert status["lastFailure"]["reason"] == "NodeLost", status["lastFailure"]
+    assert (status["restartKind"], status["recreatedSlices"]) == ("Mixed", [1]), status
+    assert status["nodePools"] == [kept, spare], status
+    after = identities(tpu, namespace)
+    assert {n: after[n][0] for n in after if n.startswith("deleted-0-")} == {
+        n: v[0] for n, v in before.items() if n.startswith("deleted-0-")
+    }
+    moved = [p for p in tpu.pods(namespace) if p["metadata"]["name"].startswith("deleted-1-")]
+    assert {p["spec"]["nodeSelector"][contract.NODE_LABEL_NODEPOOL] for p in moved} == {spare}
+    (event,) = [
+        e["message"] for e in tpu.events(namespace, "deleted") if e["reason"] == "NodePoolGone"
+    ]
+    assert (
+        f"slice 1: node pool {gone} has no nodes (deleted); moved to spare node pool {spare}"
+        in (event)
+    ), event
+    # A deleted pool is not reported as broken: it is not there to be given out again.
+    assert not status.get("brokenNodePools"), status
+    saved_before = max(steps_saved(directory))
+    wait_until(
+        lambda: max(steps_saved(directory)) > saved_before,
+        timeout=300,
+        message="attempt 2 to save a checkpoint after the one it resumed from",
+    )
+    assert "Traceback" not in running_operator.tail(400)

@@ -5,10 +5,11 @@ and whether it counts against ``maxRestarts`` (``decisions.decide``), and a rest
 booked with its backoff and its kind: in place (the supervisors stop and restart the
 training processes in the pods they have), by recreating the pods, or mixed: the slices
 the failure touched recreated, the others in place (``decisions.restart_kind``). The next
-attempt is committed before any slice moves to it; pools that vanished are replaced
-before its pods exist (``pools.renew_vanished``), slices on broken pools move to healthy
-ones (``pools.move_from_unhealthy``), and an elastic job goes on without the slices that
-cannot (``elastic.shrink``)."""
+attempt is committed before any slice moves to it; slices on broken or deleted pools move
+to healthy ones, a spare first (``pools.move_from_unhealthy``), a pool that vanished with
+nowhere to move is replaced by a new one from GKE before its pods exist where the slice
+may provision (``pools.renew_vanished``), and an elastic job goes on without the slices
+that cannot (``elastic.shrink``)."""
 
 from __future__ import annotations
 
@@ -180,10 +181,10 @@ def attempt_failed(
             not_ready_nodes=world.not_ready_nodes(p.node for p in pods),
             worn=worn,
         )
-    # Committed first, then the slices move to the next attempt (Act.RUN); its pods get
-    # new pools for those that vanished, and slices on broken pools move to healthy ones.
+    # Committed first, then the slices move to the next attempt (Act.RUN): slices on
+    # broken or deleted pools move to healthy ones (a spare first), and those left on a
+    # pool that vanished get a new one from GKE where they may provision.
     said = len(plan.events)  # the restart's own event comes before what it did to pools
-    pools.renew_vanished(facts, plan, world, status.attempt, facts.created_slices(status.attempt))
     recreated = (
         range(facts.spec.num_slices) if choice.kind == RestartKind.RECREATE else choice.recreate
     )
@@ -191,6 +192,7 @@ def attempt_failed(
     stuck = pools.move_from_unhealthy(
         facts, plan, world, recreated, worn, say_waits=not elastic_job
     )
+    pools.renew_vanished(facts, plan, world, status.attempt, facts.created_slices(status.attempt))
     if elastic_job and elastic.shrink(facts, plan, stuck, worn, dropped):
         choice = RestartChoice(
             RestartKind.RECREATE,

@@ -172,8 +172,16 @@ def move_from_unhealthy(
         if index in wanted and index < len(refs) and not is_claim(refs[index]):
             broken.setdefault(index, why)
     placement = fallback.placement_of(facts, plan.status)
-    if not broken or (placement is not None and placement.node_pools):
+    if placement is not None and placement.node_pools:
         return broken
+    # A pool with no nodes left under a running job was deleted (the autoscaler scales
+    # down no node that runs pods): its slice moves as from a broken pool. With nowhere
+    # to go, ``renew_vanished`` decides: a new pool from GKE, or a wait it explains.
+    gone = {g.index: g for g in world.vanished_pools(refs, (), placement) if g.index in wanted}
+    for index, g in gone.items():
+        broken.setdefault(index, f"node pool {g.pool} has no nodes (deleted)")
+    if not broken:
+        return {}
     # A slice of flex-start or queued-provisioning capacity moves only to a new pool of
     # that capacity (a new claim: GKE provisions it); any other slice only to a free pool
     # that exists (its own repair is what it would otherwise wait for).
@@ -183,9 +191,10 @@ def move_from_unhealthy(
         stuck = {
             i: f"{why}; no free healthy node pool of its shape to move to ({allocation.message})"
             for i, why in sorted(broken.items())
+            if not (i in gone and gone[i].reclaim)
         }
         if say_waits:
-            say_wait(plan, stuck)
+            say_wait(plan, {i: why for i, why in stuck.items() if i not in gone})
         return stuck
     moved = list(refs)
     recorded = list(plan.status.broken_node_pools)
@@ -198,7 +207,8 @@ def move_from_unhealthy(
         else:
             kind = "spare node pool" if spare else "node pool"
             where = f"moved to {kind} {moved[index]}"
-        plan.event("Warning", Reason.NODE_POOL_UNHEALTHY, f"slice {index}: {why}; {where}")
+        reason = Reason.NODE_POOL_GONE if index in gone else Reason.NODE_POOL_UNHEALTHY
+        plan.event("Warning", reason, f"slice {index}: {why}; {where}")
         plan.after_commit.append(partial(world.metrics.slice_moved, "spare" if spare else "pool"))
         if index in unhealthy and all(b.node_pool != refs[index] for b in recorded):
             recorded.append(

@@ -6,7 +6,7 @@ import pytest
 
 from tests.unit.policies.world import World, facts, plan_of, reasons
 from tpu_operator.api.status import Phase, Reason, RestartKind
-from tpu_operator.placement.pools import PoolGone
+from tpu_operator.placement.pools import Allocation, PoolGone
 from tpu_operator.policies import failure
 from tpu_operator.policies.plan import Act
 from tpu_operator.state.gang import WorkerFailure
@@ -73,10 +73,31 @@ def test_restart_or_fail(cause, policy, used, phase, counted, kind):
 def test_a_restart_renews_the_pools_that_vanished_for_its_pods():
     job = facts(recorded={"attempt": 1, "nodePools": ["gone"]})
     plan = plan_of(job)
-    world = World(gone=[PoolGone(0, "gone", True, "slice 0: node pool gone has no nodes")])
+    world = World(
+        gone=[PoolGone(0, "gone", True, "slice 0: node pool gone has no nodes")],
+        allocation=Allocation(None, "no free pool"),
+    )
     failure.attempt_failed(job, plan, world, failed(Reason.NODE_LOST, None), 1)
     assert plan.status.node_pools == ["auto:claim-0-2"]
     assert reasons(plan) == ["Restarting", "NodePoolGone"]
+
+
+def test_a_restart_moves_a_slice_off_a_deleted_pool_to_a_free_one_first():
+    job = facts(recorded={"attempt": 1, "nodePools": ["gone"]})
+    plan = plan_of(job)
+    world = World(
+        gone=[PoolGone(0, "gone", True, "slice 0: node pool gone has no nodes")],
+        allocation=Allocation(["spare"], spares=[0]),
+    )
+    failure.attempt_failed(job, plan, world, failed(Reason.NODE_LOST, None), 1)
+    assert plan.status.node_pools == ["spare"]
+    assert reasons(plan) == ["Restarting", "NodePoolGone"]
+    assert (
+        "node pool gone has no nodes (deleted); moved to spare node pool spare"
+        in (plan.events[1][2])
+    )
+    # A deleted pool is not reported as broken: it does not come back to be given out.
+    assert plan.status.broken_node_pools == []
 
 
 @pytest.mark.parametrize(

@@ -108,6 +108,53 @@ def test_a_slice_of_new_vms_moves_only_to_a_new_pool_of_them(capacity, allocatio
     assert reason == "NodePoolUnhealthy" and said in message and "claim-1-2" in message
 
 
+def deleted(reclaim: bool) -> PoolGone:
+    return PoolGone(1, "p1", reclaim, "slice 1: node pool p1 has no nodes; ...")
+
+
+@pytest.mark.parametrize(
+    ("gone", "recreated", "allocation", "placement", "after", "stuck", "events"),
+    [
+        # A recreated slice's pool was deleted: it moves to a free pool (a spare first).
+        (deleted(False), [1], ["p0", "s"], None, ["p0", "s"], {}, ["NodePoolGone"]),
+        (deleted(True), [1], ["p0", "s"], None, ["p0", "s"], {}, ["NodePoolGone"]),
+        # Nowhere to move, and it may provision: not stuck (GKE makes it a new pool,
+        # ``renew_vanished``), and nothing said here.
+        (deleted(True), [1], None, None, ["p0", "p1"], {}, []),
+        # Nowhere to move, and it may not provision: stuck (an elastic job may go on
+        # without it); the wait is said by the status of the pool gone, not as a repair.
+        (deleted(False), [1], None, None, ["p0", "p1"], {1: "has no nodes (deleted)"}, []),
+        # A slice that is not recreated, or a pool the user pinned: left alone.
+        (deleted(False), [0], ["p0", "s"], None, ["p0", "p1"], {}, []),
+        (deleted(False), [1], ["p0", "s"], {"nodePools": ["p0", "p1"]}, ["p0", "p1"], {}, []),
+    ],
+)
+def test_a_recreated_slice_leaves_a_deleted_pool(
+    gone, recreated, allocation, placement, after, stuck, events
+):
+    fields = {"numSlices": 2} | ({"placement": placement} if placement else {})
+    job = facts(recorded={"attempt": 2, "nodePools": ["p0", "p1"]}, **fields)
+    plan = plan_of(job)
+    world = World(
+        gone=[gone],
+        allocation=Allocation(
+            allocation,
+            "no free pool" if allocation is None else "",
+            spares=[1] if allocation else [],
+        ),
+    )
+    left = pools.move_from_unhealthy(job, plan, world, recreated)
+    assert plan.status.node_pools == after
+    assert left.keys() == stuck.keys()
+    for index, words in stuck.items():
+        assert words in left[index]
+    assert reasons(plan) == events
+    if events:
+        assert "moved to spare node pool s" in plan.events[0][2]
+    # A deleted pool is never reported as broken: it does not come back to be given out.
+    assert plan.status.broken_node_pools == []
+
+
 def test_a_slice_moved_to_a_spare_reports_the_broken_pool():
     job = facts(
         recorded={"attempt": 2, "nodePools": ["p0", "p1"]},

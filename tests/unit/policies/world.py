@@ -85,7 +85,13 @@ class World:
         self, refs: list[str], created: Iterable[int], placement: Placement | None
     ) -> list[PoolGone]:
         done = set(created)
-        return [g for g in self.gone if not (g.reclaim and g.index in done)]
+        return [
+            g
+            for g in self.gone
+            if g.index < len(refs)
+            and refs[g.index] == g.pool
+            and not (g.reclaim and g.index in done)
+        ]
 
     def unhealthy_pools(self, refs: list[str]) -> dict[int, str]:
         return {i: why for i, why in self.unhealthy.items() if i < len(refs)}
