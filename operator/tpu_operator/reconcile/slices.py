@@ -1,12 +1,13 @@
 """TPUSlice reconciler: one pod per host for the slice's current attempt, and its status.
 
 One reconcile (``SliceRun.reconcile``) observes the slice's pods in the watch caches,
-decides its status, writes it (once, guarded by the resourceVersion that was read), and
-only then acts on the pods, as the job does: a write that loses to a concurrent change
-(409) acts on nothing. What the act meets (pods the apiserver refuses, a Service that
-belongs to another object) is said by the next status, which it asks for at once. The
-capacity the pods consume (a ProvisioningRequest, a GKE Slice of dynamic slicing) is
-still asked for while observing, before the write.
+decides its status (its phase and message by the pure ladder of
+``policies/slice_phase.py``), writes it (once, guarded by the resourceVersion that was
+read), and only then acts on the pods, as the job does: a write that loses to a
+concurrent change (409) acts on nothing. What the act meets (pods the apiserver refuses,
+a Service that belongs to another object) is said by the next status, which it asks for
+at once. The capacity the pods consume (a ProvisioningRequest, a GKE Slice of dynamic
+slicing) is still asked for while observing, before the write.
 
 Rules, applied on every reconcile from the watch caches (level-triggered):
 
