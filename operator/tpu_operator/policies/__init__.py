@@ -23,4 +23,7 @@ unit test beside it (``tests/unit/policies/``).
 - ``notices``: GKE's maintenance notices on the nodes of a running job.
 - ``standalone``: a standalone TPUSlice, its own job of one slice: its attempt (a resume
   starts a new one) and its failed attempts, through ``failure.book``.
+- ``slice_phase``: a TPUSlice's phase and message (a job's slice or a standalone one), one
+  ladder over its gang and what holds it back, for the slice reconciler
+  (``reconcile/slices.py``).
 """

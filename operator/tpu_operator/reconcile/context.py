@@ -15,6 +15,7 @@ from tpu_operator.api.conditions import set_condition, stamp
 from tpu_operator.api.status import Reason
 from tpu_operator.placement.pools import NO_SPARES, Spares
 from tpu_operator.policies.plan import Metrics, SliceRefusal
+from tpu_operator.policies.slice_phase import PodRefusal
 from tpu_operator.reconcile.expectations import CreatedPods, DeletedPods, PodsInFlight
 from tpu_operator.reconcile.pacing import StatusPacer
 from tpu_operator.reconcile.supervisors import Supervisors
@@ -80,20 +81,6 @@ class Reservations:
     def release(self, holder: str) -> None:
         for pool in [p for p, h in self.by_pool.items() if h == holder]:
             del self.by_pool[pool]
-
-
-@dataclass(frozen=True)
-class PodRefusal:
-    """Why a slice's last try to create the pods of an attempt did not create them (the
-    pods are created after the slice's status is written, so its next status says it)."""
-
-    uid: str
-    """The slice's UID (a slice of the same name created later is another slice)."""
-    attempt: int
-    reason: Reason
-    """``InvalidPodTemplate`` (the slice fails), else ``PodsForbidden`` or
-    ``PodCreationFailed`` (retried until the cause is gone)."""
-    message: str
 
 
 @dataclass

@@ -1,12 +1,13 @@
 """TPUSlice reconciler: one pod per host for the slice's current attempt, and its status.
 
 One reconcile (``SliceRun.reconcile``) observes the slice's pods in the watch caches,
-decides its status, writes it (once, guarded by the resourceVersion that was read), and
-only then acts on the pods, as the job does: a write that loses to a concurrent change
-(409) acts on nothing. What the act meets (pods the apiserver refuses, a Service that
-belongs to another object) is said by the next status, which it asks for at once. The
-capacity the pods consume (a ProvisioningRequest, a GKE Slice of dynamic slicing) is
-still asked for while observing, before the write.
+decides its status (its phase and message by the pure ladder of
+``policies/slice_phase.py``), writes it (once, guarded by the resourceVersion that was
+read), and only then acts on the pods, as the job does: a write that loses to a
+concurrent change (409) acts on nothing. What the act meets (pods the apiserver refuses,
+a Service that belongs to another object) is said by the next status, which it asks for
+at once. The capacity the pods consume (a ProvisioningRequest, a GKE Slice of dynamic
+slicing) is still asked for while observing, before the write.
 
 Rules, applied on every reconcile from the watch caches (level-triggered):
 
@@ -44,7 +45,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from tpu_operator import contract
-from tpu_operator.api.common import Failure
 from tpu_operator.api.conditions import parse, set_condition, stamp
 from tpu_operator.api.policy import FailurePolicy
 from tpu_operator.api.slice import TPUSliceSpec, TPUSliceStatus
@@ -66,13 +66,13 @@ from tpu_operator.placement.capacity import (
 )
 from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import is_claim
-from tpu_operator.policies import standalone
+from tpu_operator.policies import slice_phase, standalone
 from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
+from tpu_operator.policies.slice_phase import PodRefusal
 from tpu_operator.policies.start import POOL_RETRY_SECONDS
 from tpu_operator.reconcile.context import (
     RETRY_AFTER_CONFLICT,
     Context,
-    PodRefusal,
     mark_invalid,
     slice_ref,
     write_status,
@@ -92,10 +92,10 @@ from tpu_operator.runtime.ownership import owned_by, slice_job_name
 from tpu_operator.state.gang import (
     GangState,
     Member,
+    WorkerFailure,
     assess,
     members_of,
     nodes_of,
-    scheduler_wait,
     stopping_count,
 )
 from tpu_operator.state.views import PodView, carried_attempt
@@ -769,7 +769,7 @@ class SliceRun:
             return
         refusal = self._refusal_of(errors, target)
         self.ctx.refused_pods[key] = refusal
-        if refusal.reason != Reason.INVALID_POD_TEMPLATE:
+        if not refusal.invalid:
             self._after(FORBIDDEN_RETRY_SECONDS)
         if reported is None or (reported.reason, reported.message) != (
             refusal.reason,
@@ -828,8 +828,7 @@ class SliceRun:
         refusal: PodRefusal | None,
     ) -> dict[str, Any]:
         spec, old = self.spec, self.status
-        invalid = refusal is not None and refusal.reason == Reason.INVALID_POD_TEMPLATE
-        if refusal is not None and not invalid:
+        if refusal is not None and not refusal.invalid:
             self.create_reason = refusal.reason
         # A second validation of what was read, not ``old.model_copy(deep=True)``: the
         # same independent copy, in a tenth of the time (pydantic's deep copy walks
@@ -843,10 +842,9 @@ class SliceRun:
         status.ready_workers = state.ready
         status.ready = f"{state.ready}/{state.total}"
         status.active_pods, status.terminating_pods = stopping_count(pods)
-        if not self.managed:
-            status.node_pool = None if stopping else node_pool
-        else:
-            status.node_pool = node_pool
+        # A standalone slice that stops no longer holds its pool (a job's slice reports
+        # the pool its job chose).
+        status.node_pool = None if stopping and not self.managed else node_pool
         if self.provisioning is not None:
             request, tries, words = self.provisioning
             status.provisioning_request, status.provisioning_tries = request, tries
@@ -858,85 +856,36 @@ class SliceRun:
             status.created_attempt = max(status.created_attempt, target)
         if status.start_time is None and state.total and not state.to_create:
             status.start_time = stamp(self.now)
-        message = ""
-        phase: Phase
-        if refusal is not None and invalid:
-            phase, message = Phase.FAILED, refusal.message
-            status.failure = Failure(
+        decided = slice_phase.decide(
+            slice_phase.SliceFacts(
+                gang=state,
                 attempt=target,
-                reason=Reason.INVALID_POD_TEMPLATE,
-                message=message,
-                counted=False,
-                time=stamp(self.now),
+                now=self.now,
+                standalone=not self.managed,
+                suspend=spec.suspend,
+                stopping=stopping,
+                blocked=blocked,
+                draining=draining,
+                waiting_for=waiting_for,
+                refusal=refusal,
+                previous_phase=old.phase,
+                previous_attempt=old.attempt,
             )
-        elif refusal is not None:
-            phase, message = Phase.PENDING, refusal.message
-        elif (
-            state.outcome in ("Succeeded", "Failed")
-            and not blocked
-            # Pods a slice deletes because it is suspended are not its outcome: a standalone
-            # slice is Suspended whatever they exit with; a job's slice keeps a real end.
-            and not (stopping and not self.managed)
-            and not (stopping and state.failure and state.failure.reason == Reason.POD_DELETED)
-        ):
-            phase = Phase(state.outcome)
-            if state.outcome == "Succeeded":
-                message = f"all {state.total} workers exited 0"
-            if state.failure is not None:
-                message = state.failure.message
-                status.failure = Failure(
-                    attempt=target,
-                    reason=state.failure.reason,
-                    message=state.failure.message,
-                    pod=state.failure.pod,
-                    node=state.failure.node,
-                    exit_code=state.failure.exit_code,
-                    time=stamp(self.now),
-                )
-        elif stopping:
-            phase = Phase.SUSPENDED if spec.suspend else Phase.PENDING
-            message = "suspended" if spec.suspend else "waiting for the job to start"
-        elif waiting_for:
-            phase, message = Phase.PENDING, waiting_for
-        elif blocked:
-            phase = Phase.RESTARTING
-            message = (
-                "waiting for the previous attempt's pods to stop"
-                if draining
-                else "waiting for the restart backoff"
-            )
-        elif state.outcome == "Creating" and len(state.to_create) == state.total:
-            phase, message = Phase.PENDING, "creating pods"
-        elif state.outcome == "Starting" and old.phase == Phase.RUNNING and old.attempt == target:
-            # Every worker of this attempt has run: a worker that is not ready for a while
-            # does not send the slice back to Starting (as for the job).
-            phase, message = Phase.RUNNING, f"{state.total} workers running, {state.ready} ready"
-        elif state.outcome in ("Creating", "Starting"):
-            phase = Phase.STARTING
-            no_scheduler, recheck = scheduler_wait(state.unseen, self.now)
-            if recheck is not None:
-                self._after(recheck)
-            if state.unschedulable:
-                message = (
-                    f"pod {state.unschedulable[0]} cannot be scheduled: {state.unschedulable[1]}"
-                )
-            elif no_scheduler:
-                message = no_scheduler
-            else:
-                message = f"{state.ready}/{state.total} workers ready"
-        else:
-            phase, message = Phase.RUNNING, f"{state.total} workers running"
-
-        if not self.managed and phase == Phase.FAILED and not invalid and state.failure:
-            phase, message = self._standalone_failure(status, state, target)
+        )
+        if decided.failure is not None:
+            status.failure = decided.failure
+        if decided.recheck is not None:
+            self._after(decided.recheck)
+        phase, message = decided.phase, decided.message
+        if decided.ended is not None:
+            phase, message = self._standalone_failure(status, decided.ended, target)
         if phase in TERMINAL_PHASES and status.completion_time is None:
             status.completion_time = stamp(self.now)
-        conflict = self._service_conflict()
-        if conflict and not self.managed and phase not in TERMINAL_PHASES:
-            message = f"{message}; {conflict}" if message else conflict
-        if self.provisioning is not None and phase in (Phase.PENDING, Phase.STARTING):
+        provisioning = ""
+        if self.provisioning is not None:
             request, _, words = self.provisioning
-            message += f"; ProvisioningRequest {request}: {words}"
+            provisioning = f"ProvisioningRequest {request}: {words}"
+        message = slice_phase.said(phase, message, self._service_conflict(), provisioning)
         status.phase = phase
         status.message = message
         generation = self.body["metadata"].get("generation")
@@ -978,13 +927,12 @@ class SliceRun:
         return result
 
     def _standalone_failure(
-        self, status: TPUSliceStatus, state: GangState, target: int
+        self, status: TPUSliceStatus, failure: WorkerFailure, target: int
     ) -> tuple[Phase, str]:
         """A standalone slice's failed attempt, under the job's failure policy
         (``policies/standalone.py``; ``status`` is updated in place)."""
-        assert state.failure is not None
         policy = self.spec.failure_policy or FailurePolicy()
-        ending = standalone.attempt_failed(status, state.failure, policy, self.now, target)
+        ending = standalone.attempt_failed(status, failure, policy, self.now, target)
         reason = ending.restart
         if reason is not None:
             # Counted once the decision is committed (a lost write is decided again).

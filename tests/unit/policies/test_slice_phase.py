@@ -1,0 +1,299 @@
+"""The phase of a TPUSlice and its message (``policies/slice_phase.py``): one row per rung
+of the ladder, for a job's slice and a standalone one."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from tpu_operator.api.status import Phase, Reason
+from tpu_operator.policies.slice_phase import PodRefusal, SliceFacts, decide, said
+from tpu_operator.state.gang import GangState, Member, Outcome, Unseen, WorkerFailure
+
+pytestmark = pytest.mark.unit
+
+NOW = dt.datetime(2026, 1, 1, 0, 1, tzinfo=dt.UTC)
+FORBIDDEN = PodRefusal("u", 2, Reason.PODS_FORBIDDEN, "pods cannot be created: quota")
+INVALID = PodRefusal("u", 2, Reason.INVALID_POD_TEMPLATE, "the apiserver rejected the pod")
+EXITED = WorkerFailure(Reason.WORKER_FAILED, "worker s-0 exited 1", "s-0", "n0", 1, None)
+DELETED = WorkerFailure(Reason.POD_DELETED, "pod s-0 was deleted", "s-0", "n0", None, None)
+NO_SCHEDULER = "no scheduler has looked at pod s-0 (or any other pod of this attempt) in 60 s"
+
+
+def gang(
+    outcome: Outcome = "Running",
+    ready: int = 2,
+    to_create: int = 0,
+    failure: WorkerFailure | None = None,
+    unschedulable: tuple[str, str] | None = None,
+    unseen: str | None = None,
+) -> GangState:
+    """A slice of two workers; ``unseen``: when its pods no scheduler looked at were made."""
+    state = GangState(attempt=2, outcome=outcome, total=2, ready=ready, failure=failure)
+    state.to_create = [Member(0, i, f"s-{i}") for i in range(to_create)]
+    state.unschedulable = unschedulable
+    if unseen is not None:
+        state.unseen = Unseen("s-0", "default-scheduler", unseen)
+    return state
+
+
+def facts(state: GangState, **fields: Any) -> SliceFacts:
+    fields.setdefault("standalone", False)
+    fields.setdefault("suspend", False)
+    fields.setdefault("stopping", fields["suspend"])
+    fields.setdefault("blocked", fields.get("draining", False))
+    fields.setdefault("draining", False)
+    return SliceFacts(gang=state, attempt=2, now=NOW, **fields)
+
+
+@pytest.mark.parametrize(
+    ("given", "phase", "message", "failure", "ended", "recheck"),
+    [
+        pytest.param(
+            facts(gang("Creating", 0, 2), refusal=INVALID),
+            Phase.FAILED,
+            "the apiserver rejected the pod",
+            Reason.INVALID_POD_TEMPLATE,
+            False,
+            None,
+            id="invalid-template-fails",
+        ),
+        pytest.param(
+            facts(gang("Creating", 0, 2), refusal=FORBIDDEN),
+            Phase.PENDING,
+            "pods cannot be created: quota",
+            None,
+            False,
+            None,
+            id="other-refusal-retries",
+        ),
+        pytest.param(
+            facts(gang("Succeeded", 0)),
+            Phase.SUCCEEDED,
+            "all 2 workers exited 0",
+            None,
+            False,
+            None,
+            id="succeeded",
+        ),
+        pytest.param(
+            facts(gang("Failed", 1, failure=EXITED)),
+            Phase.FAILED,
+            "worker s-0 exited 1",
+            Reason.WORKER_FAILED,
+            False,
+            None,
+            id="failed-job-slice-its-job-decides",
+        ),
+        pytest.param(
+            facts(gang("Failed", 1, failure=EXITED), standalone=True),
+            Phase.FAILED,
+            "worker s-0 exited 1",
+            Reason.WORKER_FAILED,
+            True,
+            None,
+            id="failed-standalone-its-failure-policy-decides",
+        ),
+        pytest.param(
+            facts(gang("Failed", 0, failure=EXITED), standalone=True, suspend=True),
+            Phase.SUSPENDED,
+            "suspended",
+            None,
+            False,
+            None,
+            id="standalone-suspended-whatever-its-pods-exit-with",
+        ),
+        pytest.param(
+            facts(gang("Failed", 0, failure=EXITED), suspend=True),
+            Phase.FAILED,
+            "worker s-0 exited 1",
+            Reason.WORKER_FAILED,
+            False,
+            None,
+            id="job-slice-stopping-keeps-a-real-end",
+        ),
+        pytest.param(
+            facts(gang("Failed", 0, failure=DELETED), suspend=True),
+            Phase.SUSPENDED,
+            "suspended",
+            None,
+            False,
+            None,
+            id="job-slice-stopping-its-deleted-pods-are-no-end",
+        ),
+        pytest.param(
+            facts(gang("Creating", 0, 2), stopping=True),
+            Phase.PENDING,
+            "waiting for the job to start",
+            None,
+            False,
+            None,
+            id="stopping-not-started",
+        ),
+        pytest.param(
+            facts(gang("Creating", 0, 2), standalone=True, waiting_for="no free pool: 0/1"),
+            Phase.PENDING,
+            "no free pool: 0/1",
+            None,
+            False,
+            None,
+            id="waiting-for-a-pool",
+        ),
+        pytest.param(
+            facts(gang("Creating", 0, 2), draining=True),
+            Phase.RESTARTING,
+            "waiting for the previous attempt's pods to stop",
+            None,
+            False,
+            None,
+            id="blocked-by-draining",
+        ),
+        pytest.param(
+            facts(gang("Creating", 0, 2), blocked=True),
+            Phase.RESTARTING,
+            "waiting for the restart backoff",
+            None,
+            False,
+            None,
+            id="blocked-by-backoff",
+        ),
+        pytest.param(
+            facts(gang("Failed", 0, failure=EXITED), standalone=True, blocked=True),
+            Phase.RESTARTING,
+            "waiting for the restart backoff",
+            None,
+            False,
+            None,
+            id="blocked-an-end-is-not-yet-an-outcome",
+        ),
+        pytest.param(
+            facts(gang("Creating", 0, 2)),
+            Phase.PENDING,
+            "creating pods",
+            None,
+            False,
+            None,
+            id="all-to-create",
+        ),
+        pytest.param(
+            facts(gang("Creating", 0, 1)),
+            Phase.STARTING,
+            "0/2 workers ready",
+            None,
+            False,
+            None,
+            id="some-created",
+        ),
+        pytest.param(
+            facts(gang("Starting", 1), previous_phase=Phase.RUNNING, previous_attempt=2),
+            Phase.RUNNING,
+            "2 workers running, 1 ready",
+            None,
+            False,
+            None,
+            id="running-with-a-worker-not-ready-stays-running",
+        ),
+        pytest.param(
+            facts(gang("Starting", 1), previous_phase=Phase.RUNNING, previous_attempt=1),
+            Phase.STARTING,
+            "1/2 workers ready",
+            None,
+            False,
+            None,
+            id="a-new-attempt-starts-again",
+        ),
+        pytest.param(
+            facts(gang("Starting", 0, unschedulable=("s-1", "0/4 nodes are available"))),
+            Phase.STARTING,
+            "pod s-1 cannot be scheduled: 0/4 nodes are available",
+            None,
+            False,
+            None,
+            id="starting-unschedulable",
+        ),
+        pytest.param(
+            facts(gang("Starting", 0, unseen="2026-01-01T00:00:00Z")),
+            Phase.STARTING,
+            NO_SCHEDULER,
+            None,
+            False,
+            None,
+            id="starting-no-scheduler-looked",
+        ),
+        pytest.param(
+            facts(gang("Starting", 0, unseen="2026-01-01T00:00:50Z")),
+            Phase.STARTING,
+            "0/2 workers ready",
+            None,
+            False,
+            20.0,
+            id="starting-scheduler-grace-then-looks-again",
+        ),
+        pytest.param(
+            facts(gang("Running")),
+            Phase.RUNNING,
+            "2 workers running",
+            None,
+            False,
+            None,
+            id="running",
+        ),
+    ],
+)
+def test_the_phase_and_message_of_a_slice(given, phase, message, failure, ended, recheck):
+    decided = decide(given)
+    assert decided.phase == phase
+    if message == NO_SCHEDULER:
+        assert decided.message.startswith(NO_SCHEDULER)
+    else:
+        assert decided.message == message
+    if failure is None:
+        assert decided.failure is None
+    else:
+        assert decided.failure is not None
+        assert (decided.failure.reason, decided.failure.message) == (failure, message)
+        assert decided.failure.attempt == 2
+        assert decided.failure.time == "2026-01-01T00:01:00Z"
+        # An invalid template is the spec's fault: it counts against no maxRestarts.
+        assert decided.failure.counted is (failure != Reason.INVALID_POD_TEMPLATE)
+    assert decided.ended == (given.gang.failure if ended else None)
+    assert decided.recheck == (pytest.approx(recheck) if recheck is not None else None)
+
+
+@pytest.mark.parametrize(
+    ("phase", "message", "conflict", "provisioning", "expected"),
+    [
+        (Phase.RUNNING, "2 workers running", "", "", "2 workers running"),
+        (
+            Phase.RUNNING,
+            "2 workers running",
+            "Service s is not ours",
+            "",
+            "2 workers running; Service s is not ours",
+        ),
+        (Phase.PENDING, "", "Service s is not ours", "", "Service s is not ours"),
+        # Once the slice ended, a conflict is no longer its news.
+        (Phase.FAILED, "worker s-0 exited 1", "Service s is not ours", "", "worker s-0 exited 1"),
+        (
+            Phase.STARTING,
+            "0/2 workers ready",
+            "",
+            "ProvisioningRequest s-2-0: Accepted",
+            "0/2 workers ready; ProvisioningRequest s-2-0: Accepted",
+        ),
+        # Its request is said while its pods wait for capacity, not once they run.
+        (
+            Phase.RUNNING,
+            "2 workers running",
+            "",
+            "ProvisioningRequest s-2-0: Provisioned",
+            "2 workers running",
+        ),
+    ],
+)
+def test_the_message_says_a_service_conflict_and_the_provisioning_request(
+    phase, message, conflict, provisioning, expected
+):
+    assert said(phase, message, conflict, provisioning) == expected
