@@ -162,3 +162,55 @@ def test_kueue_asks_again_after_a_request_fails(
         for p in tpu.pods(namespace)
     }
     assert consumed == {provisioned}
+
+
+def test_kueue_admits_a_flex_start_job_by_quota_and_gke_provisions_its_vms(
+    tpu: Api, namespace: str, cluster: Cluster, kueue, operator
+):
+    """Flex-start under Kueue, as GKE documents it: no admission check (the VMs are not
+    booked ahead); Kueue admits the job by quota, its pods select and tolerate flex-start
+    VMs and node auto-provisioning creates a flex-start pool for them."""
+    name = f"cq-{namespace}"
+    kueue.apply(tpu_queues([V6E_16], cluster_queue=name, namespaces=[namespace], chips=16))
+    try:
+        job = manifest(
+            "flex",
+            namespace,
+            {"type": "v6e-16"},
+            "sleep 3600",
+            placement={"capacity": "FlexStart", "maxRunDurationSeconds": 7200},
+        )
+        job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "tpu"}
+        tpu.apply(job)
+        status = tpu.wait_phase(namespace, "flex", "Running", timeout=120)
+        assert status["queue"]["state"] == "Admitted", status["queue"]
+        pods = tpu.pods(namespace)
+        assert len(pods) == 4
+        for pod in pods:
+            selector = pod["spec"]["nodeSelector"]
+            assert selector[contract.NODE_LABEL_FLEX_START] == "true", selector
+            assert selector[contract.NODE_LABEL_MAX_RUN_DURATION] == "7200", selector
+            assert contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST not in (
+                pod["metadata"].get("annotations") or {}
+            )
+        (pool,) = status["nodePools"]
+        labels = [
+            n["metadata"]["labels"]
+            for n in tpu.raw.get("/api/v1/nodes")["items"]
+            if n["metadata"]["labels"].get(contract.NODE_LABEL_NODEPOOL) == pool
+        ]
+        assert len(labels) == 4
+        assert all(n[contract.NODE_LABEL_FLEX_START] == "true" for n in labels)
+        assert not requests(tpu, namespace)  # nothing booked ahead, by anyone
+        # A second flex-start job waits in the queue: the quota is the job's.
+        second = {**job, "metadata": {**job["metadata"], "name": "flex-2"}}
+        tpu.apply(second)
+        queued = wait_until(
+            lambda: (s := tpu.status(namespace, "flex-2")).get("queue") and s,
+            timeout=60,
+            message=lambda: f"flex-2 queued: {tpu.status(namespace, 'flex-2')}",
+        )
+        assert queued["queue"]["state"] != "Admitted", queued["queue"]
+        assert not [p for p in tpu.pods(namespace) if p["metadata"]["name"].startswith("flex-2")]
+    finally:
+        cluster.kubectl("delete", "clusterqueue", name, "--ignore-not-found", "--wait=false")
