@@ -25,8 +25,11 @@ Rules, applied on every reconcile from the watch caches (level-triggered):
 4. A suspended slice (or one whose job is suspended or finished) deletes its running
    pods and creates none.
 5. A standalone slice is its own job of one slice: ``policies/standalone.py`` decides its
-   attempt and its restarts under its failurePolicy (the job's rule, ``failure.book``);
-   a job-owned slice only reports, and its TPUJob decides.
+   attempt and its restarts under its failurePolicy (the job's rule, ``failure.book``),
+   and it allocates its own pool and makes its own Service; a job-owned slice only
+   reports, and its TPUJob decides. Each difference between the two is a method of the
+   slice's role (``slice_roles.py``: ``OwnedSlice``, ``StandaloneSlice``), chosen once
+   when the ``SliceRun`` is built; the reconcile itself branches on the kind nowhere.
 6. A job-owned slice whose TPUJob is gone or being deleted (or is another job of the same
    name: owner references are compared by UID) does nothing: the garbage collector
    removes it and its pods, and a deleted job starts nothing.
@@ -50,7 +53,6 @@ from tpu_operator.api.policy import FailurePolicy
 from tpu_operator.api.slice import TPUSliceSpec, TPUSliceStatus
 from tpu_operator.api.status import TERMINAL_PHASES, ConditionType, Phase, Reason, ResolvedShape
 from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
-from tpu_operator.builders.service import headless_service
 from tpu_operator.builders.supervision import Supervision
 from tpu_operator.builders.wiring import PodWiring, Ports
 from tpu_operator.catalog import CatalogError, SliceShape
@@ -64,12 +66,10 @@ from tpu_operator.placement.capacity import (
     request_objects,
     request_state,
 )
-from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import is_claim
 from tpu_operator.policies import slice_phase, standalone
 from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
 from tpu_operator.policies.slice_phase import PodRefusal
-from tpu_operator.policies.start import POOL_RETRY_SECONDS
 from tpu_operator.reconcile.context import (
     RETRY_AFTER_CONFLICT,
     Context,
@@ -78,14 +78,11 @@ from tpu_operator.reconcile.context import (
     write_status,
 )
 from tpu_operator.reconcile.pools import (
-    choose_pools,
     claim_toleration_value,
-    job_holder,
     machine_for,
-    resolve_claims,
     slice_holder,
-    slice_pool_values,
 )
+from tpu_operator.reconcile.slice_roles import role_of
 from tpu_operator.runtime.caches import slice_sharing
 from tpu_operator.runtime.kube import ApiError, namespaced, send_all
 from tpu_operator.runtime.ownership import owned_by, slice_job_name
@@ -227,8 +224,8 @@ class SliceRun:
         meta = body["metadata"]
         self.namespace: str = meta["namespace"]
         self.name: str = meta["name"]
-        self.job_name = slice_job_name(body)
-        self.managed = self.job_name is not None
+        self.role = role_of(ctx, body, spec, shape)
+        """What differs between a job's slice and a standalone one (``slice_roles.py``)."""
         self.status = TPUSliceStatus.model_validate(body.get("status") or {})
         self.now = ctx.clock()
         self.requeue: float | None = None
@@ -252,21 +249,11 @@ class SliceRun:
     async def reconcile(self) -> float | None:
         """Observe, decide the status, commit it, then act on the pods (as the job does):
         a status write that loses to a concurrent change (409) acts on nothing."""
-        ctx, spec, status = self.ctx, self.spec, self.status
-        if self.managed:
-            target = spec.attempt
-            not_before = parse(spec.not_before)
-        else:
-            target = standalone.attempt(status, spec.suspend)
-            not_before = parse(status.not_before)
+        ctx, spec, status, role = self.ctx, self.spec, self.status, self.role
+        target, not_before = role.target_and_not_before(status)
 
         pods = ctx.caches.pods_of_slice(self.namespace, self.name)
-        attempts = (
-            ctx.caches.attempts_of_job(self.namespace, self.job_name)
-            if self.job_name
-            else {p.attempt for p in pods}
-        )
-        barrier = any(attempt < target for attempt in attempts)
+        barrier = any(attempt < target for attempt in role.gang_attempts(pods))
         created = (
             frozenset({spec.slice_index})
             if target and status.created_attempt >= target
@@ -283,12 +270,10 @@ class SliceRun:
         )
         stopping = spec.suspend or target == 0
 
-        node_pool = spec.node_pool or status.node_pool
-        waiting_for = ""
-        if not stopping and not node_pool and self.shape.needs_pool and not self.managed:
-            node_pool, waiting_for = self._allocate_pool()
-        elif not self.managed and is_claim(node_pool) and not spec.node_pool:
-            node_pool = self._resolve_claim(node_pool)
+        pool = role.pool(status, stopping)
+        node_pool, waiting_for = pool.name, pool.waiting_for
+        if pool.retry_after is not None:
+            self._after(pool.retry_after)
 
         capacity = await self._capacity(target, node_pool, stopping, state, pods)
 
@@ -302,7 +287,7 @@ class SliceRun:
             and not blocked
             and not waiting_for
             and state.outcome in ("Creating",)
-            and (node_pool or not self.shape.needs_pool or self.managed)
+            and (node_pool or not role.needs_pool)
         )
         to_create = self._not_awaited(state, pods, target)
         gke_slice = None
@@ -334,8 +319,8 @@ class SliceRun:
             return RETRY_AFTER_CONFLICT
 
         # act
-        if not self.managed:
-            await self._ensure_service()
+        if await role.ensure_service(ports_of(spec)):
+            self._after(MIN_REQUEUE_SECONDS)  # the next status says the conflict
         await self._delete_stale(state)
         if stopping:
             await self._stop_active(state)
@@ -484,7 +469,7 @@ class SliceRun:
         placement = self.spec.placement
         failure_policy = self.spec.failure_policy or FailurePolicy()
         wiring = PodWiring(
-            job_name=self.job_name or self.name,
+            job_name=self.role.job_name,
             service=self.spec.service or self.name,
             slice_name=self.name,
             shape=self.shape,
@@ -493,7 +478,7 @@ class SliceRun:
             worker_index=0,
             attempt=target,
             ports=ports_of(self.spec),
-            slice_names=() if self.managed else (self.name,),
+            slice_names=self.role.pod_slice_names,
         )
         owner = Owner(
             contract.API_VERSION, contract.SLICE_KIND, self.name, self.body["metadata"]["uid"]
@@ -526,45 +511,6 @@ class SliceRun:
     def _event_later(self, kind: str, reason: Reason, message: str) -> None:
         self.provisioning_events.append((kind, reason, message))
 
-    async def _ensure_service(self) -> None:
-        """A standalone slice's headless Service; a conflict found here is said by the
-        next status (the Service is made after the write)."""
-        known = self._service_conflict()
-        await self.ctx.ensure_service(self.namespace, self._service())
-        if self._service_conflict() != known:
-            self._after(MIN_REQUEUE_SECONDS)
-
-    def _service(self) -> dict[str, Any]:
-        meta = self.body["metadata"]
-        return headless_service(
-            name=self.spec.service or self.name,
-            namespace=self.namespace,
-            selector={contract.LABEL_SLICE_NAME: self.name},
-            owner=Owner(contract.API_VERSION, contract.SLICE_KIND, self.name, meta["uid"]),
-            ports=ports_of(self.spec),
-        )
-
-    def _allocate_pool(self) -> tuple[str | None, str]:
-        placement = self.spec.placement
-        if placement is not None and placement.node_pools:
-            # A standalone slice pins its pool with spec.nodePool; placement.nodePools is
-            # the TPUJob's per-slice list.
-            placement = placement.model_copy(update={"node_pools": None})
-        claims = slice_pool_values(self.body["metadata"], None)
-        requests = requests_for(self.shape, placement, 1, claims)
-        allocation = choose_pools(self.ctx, self.holder, requests)
-        if allocation.pools is None:
-            self._after(POOL_RETRY_SECONDS)
-            return None, allocation.message
-        return allocation.pools[0], ""
-
-    def _resolve_claim(self, ref: str | None) -> str | None:
-        """A standalone slice's claim becomes the name of the pool GKE created for it."""
-        refs, resolved, _ = resolve_claims(self.ctx, [ref or ""], self.shape)
-        if resolved:
-            self.ctx.reservations.reserve(self.holder, refs)
-        return refs[0]
-
     async def _delete_stale(self, state: GangState) -> None:
         """Delete the pods of earlier attempts (not those the job carries in place,
         ``spec.inPlaceFrom``, whatever the cache shows yet): one DELETE per pod, all at
@@ -574,7 +520,7 @@ class SliceRun:
         time)."""
         deleted = self.ctx.deleted_pods
         spec = self.spec
-        carried_from = spec.in_place_from if self.managed else None
+        carried_from = self.role.in_place_from
         doomed = [
             p
             for p in state.stale
@@ -712,16 +658,16 @@ class SliceRun:
             capacity=capacity,
         )
         template = (self.body.get("spec") or {}).get("template") or {}
-        job_name = self.job_name or self.name
+        job_name = self.role.job_name
         ports = ports_of(spec)
         path = namespaced(self.namespace, "pods")
-        secret = spec.control_key_secret if self.managed else None
+        secret = self.role.control_secret
         key_id = spec.control_key_id
         supervised = (
             Supervision(secret, key_id, await_start=spec.await_start) if secret and key_id else None
         )
         in_flight = self.ctx.pods_in_flight
-        holder = job_holder(self.namespace, self.job_name) if self.job_name else self.holder
+        holder = self.role.pool_holder
 
         async def create(member: Member) -> None:
             wiring = PodWiring(
@@ -734,7 +680,7 @@ class SliceRun:
                 worker_index=member.worker_index,
                 attempt=target,
                 ports=ports,
-                slice_names=() if self.managed else (self.name,),
+                slice_names=self.role.pod_slice_names,
                 world=tuple(spec.world_slices or ()),
             )
             try:
@@ -842,9 +788,8 @@ class SliceRun:
         status.ready_workers = state.ready
         status.ready = f"{state.ready}/{state.total}"
         status.active_pods, status.terminating_pods = stopping_count(pods)
-        # A standalone slice that stops no longer holds its pool (a job's slice reports
-        # the pool its job chose).
-        status.node_pool = None if stopping and not self.managed else node_pool
+        released = stopping and not self.role.reports_pool_when_stopping
+        status.node_pool = None if released else node_pool
         if self.provisioning is not None:
             request, tries, words = self.provisioning
             status.provisioning_request, status.provisioning_tries = request, tries
@@ -861,7 +806,7 @@ class SliceRun:
                 gang=state,
                 attempt=target,
                 now=self.now,
-                standalone=not self.managed,
+                standalone=self.role.standalone,
                 suspend=spec.suspend,
                 stopping=stopping,
                 blocked=blocked,
@@ -885,7 +830,7 @@ class SliceRun:
         if self.provisioning is not None:
             request, _, words = self.provisioning
             provisioning = f"ProvisioningRequest {request}: {words}"
-        message = slice_phase.said(phase, message, self._service_conflict(), provisioning)
+        message = slice_phase.said(phase, message, self.role.service_conflict(), provisioning)
         status.phase = phase
         status.message = message
         generation = self.body["metadata"].get("generation")
@@ -940,19 +885,13 @@ class SliceRun:
             self._after(ending.delay)
         return ending.phase, ending.message
 
-    def _service_conflict(self) -> str:
-        if self.managed:
-            return ""  # the job's Service: the job reports a conflict
-        name = self.spec.service or self.name
-        return self.ctx.service_conflict(self.namespace, name, self.body["metadata"]["uid"])
-
     def _events(self, previous: str, new: dict[str, Any]) -> None:
         phase = new["phase"]
         ref = slice_ref(self.body)
         message = new.get("message", "")
         for kind, reason, words in self.provisioning_events:
             self.ctx.events.emit(ref, kind, reason, words)
-        conflict = self._service_conflict()
+        conflict = self.role.service_conflict()
         if conflict and conflict in message and conflict not in self.status.message:
             self.ctx.events.emit(ref, "Warning", Reason.SERVICE_CONFLICT, conflict)
         ready_before = next(
