@@ -499,3 +499,66 @@ def test_a_finished_slice_s_workers_are_reclaimable_until_the_admission_ends():
     cluster.settle()
     status = cluster.workload()["status"]
     assert status.get("admission") is None and "reclaimablePods" not in status
+
+
+KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
+
+
+def add_queue(cluster: FakeCluster, flavors: dict[str, str | None]) -> None:
+    """LocalQueue ``tpu`` in the test namespace -> ClusterQueue ``cq`` over ``flavors``
+    (name -> its topologyName, or None)."""
+    cluster.objects[f"{KUEUE_API}/namespaces/{NS}/localqueues/tpu"] = {
+        "metadata": {"name": "tpu", "namespace": NS},
+        "spec": {"clusterQueue": "cq"},
+    }
+    cluster.objects[f"{KUEUE_API}/clusterqueues/cq"] = {
+        "metadata": {"name": "cq"},
+        "spec": {
+            "resourceGroups": [
+                {"coveredResources": ["google.com/tpu"], "flavors": [{"name": n} for n in flavors]}
+            ]
+        },
+    }
+    for name, topology in flavors.items():
+        add_flavor(cluster, name, {"topologyName": topology} if topology else {})
+
+
+@pytest.mark.parametrize(
+    ("flavors", "asks"),
+    [
+        # A flavor with a Topology: one node pool per slice, through Kueue.
+        ({"plain": None, "tas": "gke-nodepool"}, True),
+        # None has one: Kueue would admit a topology request on none of them.
+        ({"plain": None, "other": None}, False),
+        # The queue cannot be read (not there yet): the topology request, as before.
+        (None, True),
+    ],
+)
+def test_a_multi_host_job_asks_for_a_topology_only_where_its_queue_has_one(flavors, asks):
+    cluster = KueueCluster()
+    if flavors is not None:
+        add_queue(cluster, flavors)
+    cluster.apply_job("j", job_spec("v5p-16", numSlices=2), labels=QUEUE)
+    cluster.settle()
+    (pod_set,) = cluster.workload()["spec"]["podSets"]
+    assert ("topologyRequest" in pod_set) is asks, pod_set
+    # Read once for the queue, not on every reconcile.
+    reads = [
+        r
+        for r in cluster.requests
+        if r.verb == "GET" and r.path.startswith(f"{KUEUE_API}/namespaces/")
+    ]
+    assert len(reads) == 1
+
+
+def test_a_queued_job_s_workload_follows_its_queue_gaining_a_topology():
+    cluster = KueueCluster()
+    add_queue(cluster, {"plain": None})
+    cluster.apply_job("j", job_spec("v5p-16", numSlices=2), labels=QUEUE)
+    cluster.settle()
+    assert "topologyRequest" not in cluster.workload()["spec"]["podSets"][0]
+    add_flavor(cluster, "plain", {"topologyName": "gke-nodepool"})
+    cluster.advance(31)  # the queue's answer is kept for 30 s
+    cluster.settle()
+    (pod_set,) = cluster.workload()["spec"]["podSets"]
+    assert pod_set["topologyRequest"]["podSetSliceSize"] == 2

@@ -40,6 +40,8 @@ WORKLOAD_KIND = "Workload"
 WORKLOAD_PLURAL = "workloads"
 PRIORITY_CLASS_PLURAL = "workloadpriorityclasses"
 RESOURCE_FLAVOR_PLURAL = "resourceflavors"
+LOCAL_QUEUE_PLURAL = "localqueues"
+CLUSTER_QUEUE_PLURAL = "clusterqueues"
 POD_SET = "workers"
 """The one podSet of a TPUJob's Workload."""
 LABEL_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
@@ -339,6 +341,12 @@ def _expand_counts(counts: dict[str, Any], count: int) -> list[int]:
     if "universal" in counts:
         return [int(counts["universal"])] * count
     return [int(n) for n in counts.get("individual") or []]
+
+
+def queue_flavors(cluster_queue: Mapping[str, Any]) -> list[str]:
+    """The ResourceFlavor names a ClusterQueue's resource groups list, in order."""
+    groups = (cluster_queue.get("spec") or {}).get("resourceGroups") or []
+    return [str(f["name"]) for group in groups for f in group.get("flavors") or [] if f.get("name")]
 
 
 def flavor_names(workload: dict[str, Any] | None) -> list[str]:

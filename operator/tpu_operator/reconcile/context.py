@@ -129,6 +129,10 @@ class Context:
     resource_flavors: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Kueue ResourceFlavor name -> its spec, read when a job using it is admitted
     (reconcile/queueing.py)."""
+    queue_topologies: dict[tuple[str, str], tuple[bool, float]] = field(default_factory=dict)
+    """Kueue LocalQueue (namespace, name) -> whether its ClusterQueue has a flavor with a
+    Topology (topology-aware scheduling), and when that was read
+    (reconcile/queueing.queue_topology)."""
     queue_positions: dict[tuple[str, str], Any] = field(default_factory=dict)
     """Kueue LocalQueue (namespace, name) -> its pending workloads' positions, as last
     read from Kueue's visibility API (reconcile/queueing.QueuePositions)."""

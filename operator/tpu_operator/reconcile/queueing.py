@@ -40,10 +40,12 @@ from tpu_operator.api.conditions import stamp
 from tpu_operator.api.job import QueueStatus
 from tpu_operator.api.status import TERMINAL_PHASES, ConditionType, Phase, Reason
 from tpu_operator.builders.workload import (
+    CLUSTER_QUEUE_PLURAL,
     FINISHED,
     KUEUE_GROUP,
     KUEUE_VERSION,
     LABEL_PRIORITY_CLASS,
+    LOCAL_QUEUE_PLURAL,
     PODS_READY,
     PRIORITY_CLASS_PLURAL,
     RESOURCE_FLAVOR_PLURAL,
@@ -54,6 +56,7 @@ from tpu_operator.builders.workload import (
     build_workload,
     clear_admission,
     flavor_names,
+    queue_flavors,
     queue_name,
     queue_state,
     reclaimable_pods,
@@ -114,6 +117,55 @@ class QueuePositions:
     positions: dict[str, tuple[int, int]]
     unserved: bool = False
     pending: asyncio.Future[None] | None = None
+
+
+TOPOLOGY_SECONDS = 30.0
+"""How long a LocalQueue's answer to "does its ClusterQueue schedule by topology" is kept."""
+
+
+async def queue_topology(ctx: Context, namespace: str, local_queue: str) -> bool:
+    """Whether the ClusterQueue behind a LocalQueue has a ResourceFlavor with a Topology,
+    read (LocalQueue, ClusterQueue, its flavors) at most once per ``TOPOLOGY_SECONDS`` per
+    LocalQueue. A multi-host job's Workload asks for one node pool per slice only then:
+    Kueue admits a pod set with a topology request on no flavor without a Topology, so
+    on a queue without one such a job would stay queued for ever. Unreadable (no such
+    queue yet, or no RBAC to read it): True, the placement Kueue's topology gives."""
+    key = (namespace, local_queue)
+    now = ctx.clock().timestamp()
+    known = ctx.queue_topologies.get(key)
+    if known is not None and now - known[1] < TOPOLOGY_SECONDS:
+        return known[0]
+    base = f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}"
+    found = True
+    try:
+        path = f"{base}/namespaces/{namespace}/{LOCAL_QUEUE_PLURAL}/{local_queue}"
+        queue = await ctx.kube.get(path) or {}
+        cluster_queue = str((queue.get("spec") or {}).get("clusterQueue") or "")
+        body = None
+        if cluster_queue:
+            body = await ctx.kube.get(f"{base}/{CLUSTER_QUEUE_PLURAL}/{cluster_queue}")
+        if body is not None:
+            found = False
+            for name in queue_flavors(body):
+                flavor = await ctx.kube.get(f"{base}/{RESOURCE_FLAVOR_PLURAL}/{name}") or {}
+                if (flavor.get("spec") or {}).get("topologyName"):
+                    found = True
+                    break
+    except ApiError as exc:
+        if exc.status == 429 or (exc.status >= 500 and exc.status != 503):
+            raise
+        if known is None:
+            log.warning(
+                "cannot read Kueue LocalQueue %s/%s, its ClusterQueue or flavors (%s): "
+                "multi-host jobs ask it for one node pool per slice (topology-aware "
+                "scheduling); grant the operator get on localqueues, clusterqueues and "
+                "resourceflavors (the chart does)",
+                namespace,
+                local_queue,
+                exc.message,
+            )
+    ctx.queue_topologies[key] = (found, now)
+    return found
 
 
 async def queue_position(
@@ -412,6 +464,12 @@ class KueueAdmission:
         await queueing.load_flavors()  # a new admission's ResourceFlavors
         self.position = None
         local_queue = queue_name(queueing.body["metadata"])
+        if queueing.shape.multi_host and local_queue and not queueing.state.admitted:
+            # Whether its Workload asks for one node pool per slice (a queued job's
+            # Workload is made anew if the answer changes while it waits).
+            queueing.topology = await queue_topology(
+                ctx=queueing.ctx, namespace=queueing.namespace, local_queue=local_queue
+            )
         if queueing.state.state == "Queued" and queueing.workload_name and local_queue:
             self.position = await queue_position(
                 queueing.ctx, queueing.namespace, local_queue, queueing.workload_name
