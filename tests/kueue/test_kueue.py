@@ -8,6 +8,8 @@ topology, topology-aware on the node-pool level) and a LocalQueue ``tpu``.
 from __future__ import annotations
 
 import json
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,9 @@ pytestmark = pytest.mark.kueue
 
 POOL = contract.NODE_LABEL_NODEPOOL
 WORKLOADS = "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads"
+PENDING = (
+    "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{ns}/localqueues/{queue}/pendingworkloads"
+)
 
 
 def queued_job(name: str, namespace: str, shape: dict[str, Any], command: str, **spec: Any):
@@ -43,6 +48,12 @@ def workload_of(tpu, namespace: str, job: str) -> dict[str, Any]:
         return None
 
     return wait_until(found, timeout=30, message=f"the Workload of {job}")
+
+
+def created_at(obj: dict[str, Any]) -> float:
+    """An object's creationTimestamp (whole seconds), as a POSIX time."""
+    stamp = obj["metadata"]["creationTimestamp"]
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -101,7 +112,15 @@ def test_queued_jobs_show_their_position_from_kueue_s_visibility_api(
     tpu.wait_phase(namespace, "first", "Running", timeout=90)
     tpu.apply(queued_job("second", namespace, {"type": "v5litepod-4"}, "sleep 300"))
     wait_queue_state(tpu, namespace, "second", "Queued")
+    # Kueue orders equal priorities by creationTimestamp, which has one-second resolution,
+    # and Workloads created in the same second by UID (in no particular order): the
+    # third's Workload is made in a later second than the second's (the local cluster's
+    # apiserver runs on this machine's clock).
+    second_created = created_at(workload_of(tpu, namespace, "second"))
+    time.sleep(max(0.0, second_created + 1 - time.time()))
     tpu.apply(queued_job("third", namespace, {"type": "v5litepod-4"}, "sleep 300"))
+    third_created = created_at(workload_of(tpu, namespace, "third"))
+    assert third_created > second_created, "the Workloads were created in the same second"
 
     def position(name: str, wanted: int) -> dict[str, Any] | None:
         status = tpu.status(namespace, name)
@@ -121,6 +140,12 @@ def test_queued_jobs_show_their_position_from_kueue_s_visibility_api(
     assert second["queue"]["positionInClusterQueue"] == 0
     assert third["queue"]["positionInClusterQueue"] == 1
     assert "queued in tpu at position 1 (ClusterQueue position 1; 0 is next)" in third["message"]
+    # the positions shown are the ones Kueue's visibility API gives
+    pending = tpu.raw.get(PENDING.format(ns=namespace, queue="tpu"))["items"]
+    assert [
+        (p["metadata"]["name"], p["positionInLocalQueue"], p["positionInClusterQueue"])
+        for p in pending
+    ] == [(second["queue"]["workload"], 0, 0), (third["queue"]["workload"], 1, 1)]
     # the first job ends: the second is admitted, the third moves up
     tpu.patch_job(namespace, "first", {"spec": {"suspend": True}})
     tpu.wait_phase(namespace, "second", "Running", timeout=90)
