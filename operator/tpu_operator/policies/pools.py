@@ -128,15 +128,23 @@ def moving(
     attempt: int,
     *,
     new_vms: bool,
+    may_provision: Collection[int] = (),
 ) -> list[Request]:
     """The requests of an allocation that moves ``slices`` off their pools (``refs``, one
     per slice), the others pinned to theirs: a moving slice takes a spare first, never
     the pool it leaves, and never a pool of another capacity than its own. ``new_vms``: a
     flex-start or queued-provisioning slice may ask GKE for a new pool of its capacity (a
-    claim renewed for ``attempt``); otherwise only a pool that exists is taken."""
+    claim renewed for ``attempt``); otherwise only a pool that exists is taken, except by
+    the slices of ``may_provision`` (whose pool was deleted and who may provision), which
+    ask GKE for a new pool when no free one fits."""
     claims = world.claims(len(refs), renewal=attempt)
     return [
-        replace(r, provision=new_vms and r.fresh, leaves=refs[i], replacing=True)
+        replace(
+            r,
+            provision=(new_vms and r.fresh) or i in may_provision,
+            leaves=refs[i],
+            replacing=True,
+        )
         if i in slices
         else replace(r, pinned=refs[i])
         for i, r in enumerate(
@@ -185,7 +193,19 @@ def move_from_unhealthy(
     # A slice of flex-start or queued-provisioning capacity moves only to a new pool of
     # that capacity (a new claim: GKE provisions it); any other slice only to a free pool
     # that exists (its own repair is what it would otherwise wait for).
-    requests = moving(facts, world, placement, refs, broken, plan.status.attempt, new_vms=True)
+    # A deleted pool's slice that may provision asks GKE for a new pool if none is free,
+    # so that it never keeps another moving slice from a free pool (all move at once).
+    reclaim = {i for i, g in gone.items() if g.reclaim}
+    requests = moving(
+        facts,
+        world,
+        placement,
+        refs,
+        broken,
+        plan.status.attempt,
+        new_vms=True,
+        may_provision=reclaim,
+    )
     allocation = world.allocate(requests)
     if allocation.pools is None:
         stuck = {
@@ -202,6 +222,10 @@ def move_from_unhealthy(
         moved[index] = allocation.pools[index]
         spare = index in allocation.spares
         value = claim_of(moved[index])
+        if value is not None and index in gone:
+            # Nothing free: a new pool from GKE, said as a renewal says it (not a move).
+            plan.event("Warning", Reason.NODE_POOL_GONE, gone[index].message)
+            continue
         if value is not None:
             where = f"its pods ask GKE for a new node pool ({SLICE_POOL_LABEL}={value})"
         else:

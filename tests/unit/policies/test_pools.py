@@ -155,6 +155,31 @@ def test_a_recreated_slice_leaves_a_deleted_pool(
     assert plan.status.broken_node_pools == []
 
 
+@pytest.mark.parametrize("reclaim", [True, False])
+def test_a_deleted_pool_s_slice_that_may_provision_asks_gke_when_nothing_is_free(reclaim):
+    """Slice 0's pool is broken, slice 1's deleted: both move at once. Slice 1 may ask GKE
+    for a new pool (it may provision), so it never keeps slice 0 from a free pool."""
+    job = facts(recorded={"attempt": 2, "nodePools": ["p0", "p1"]}, numSlices=2)
+    plan = plan_of(job)
+    world = World(
+        unhealthy={0: "p0 has 1 of its 2 VMs not ready or cordoned"},
+        gone=[deleted(reclaim)],
+        allocation=Allocation(["p2", "auto:claim-1-2"], provisioning=[1]),
+    )
+    pools.move_from_unhealthy(job, plan, world, [0, 1])
+    (requests,) = world.allocated
+    assert [r.provision for r in requests] == [False, reclaim]
+    if not reclaim:
+        return  # (the stand-in allocator answers the same either way)
+    assert plan.status.node_pools == ["p2", "auto:claim-1-2"]
+    assert reasons(plan) == ["NodePoolUnhealthy", "NodePoolGone"]
+    # The new pool asked for is said as a renewal is (the message of the pool gone).
+    assert plan.events[1][2] == deleted(reclaim).message
+    for report in plan.after_commit:
+        report()
+    assert world.metrics.moves == ["pool"]
+
+
 def test_a_slice_moved_to_a_spare_reports_the_broken_pool():
     job = facts(
         recorded={"attempt": 2, "nodePools": ["p0", "p1"]},
