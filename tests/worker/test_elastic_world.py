@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +118,12 @@ def start(pods: list[launch.Pod], world: list[PodWiring], attempt: int) -> None:
 
 def stop(pods: list[launch.Pod], attempt: int, gang: launch.Gang) -> None:
     request = {"attempt": attempt, "grace_seconds": STOP_GRACE_S}
-    for pod in pods:
-        assert call(pod, "POST", sv.STOP_PATH, request)[0] == 200
+    # All at once, as the operator sends them (bounded concurrency): one at a time, on a
+    # loaded machine, process 0 could save at the agreed step and exit, taking the
+    # coordination service with it, while a peer's stop was still on its way.
+    with ThreadPoolExecutor(len(pods)) as pool:
+        codes = list(pool.map(lambda pod: call(pod, "POST", sv.STOP_PATH, request)[0], pods))
+    assert codes == [200] * len(pods), codes
     until(
         f"attempt {attempt} stopped",
         lambda: all(status(p)["state"] == "exited" for p in pods),
