@@ -119,6 +119,16 @@ class QueuePositions:
     pending: asyncio.Future[None] | None = None
 
 
+async def read_flavor(ctx: Context, name: str) -> dict[str, Any] | None:
+    """A ResourceFlavor's spec, read now and kept in ``ctx.resource_flavors`` (an empty
+    one for a flavor that does not exist); None when it does not exist."""
+    found = await ctx.kube.get(
+        f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/{RESOURCE_FLAVOR_PLURAL}/{name}"
+    )
+    ctx.resource_flavors[name] = dict((found or {}).get("spec") or {})
+    return None if found is None else ctx.resource_flavors[name]
+
+
 TOPOLOGY_SECONDS = 30.0
 """How long a LocalQueue's answer to "does its ClusterQueue schedule by topology" is kept."""
 
@@ -147,8 +157,8 @@ async def queue_topology(ctx: Context, namespace: str, local_queue: str) -> bool
         if body is not None:
             found = False
             for name in queue_flavors(body):
-                flavor = await ctx.kube.get(f"{base}/{RESOURCE_FLAVOR_PLURAL}/{name}") or {}
-                if (flavor.get("spec") or {}).get("topologyName"):
+                spec = await read_flavor(ctx, name)
+                if spec is not None and spec.get("topologyName"):
                     found = True
                     break
     except ApiError as exc:
@@ -297,13 +307,9 @@ class Queueing:
         if not names:
             return
         for name in names:
-            found = await self.ctx.kube.get(
-                f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/{RESOURCE_FLAVOR_PLURAL}/{name}"
-            )
-            if found is None:
+            if await read_flavor(self.ctx, name) is None:
                 # Kueue keeps a flavor in use (finalizer); one gone adds nothing.
                 log.warning("ResourceFlavor %s of Workload %s not found", name, self.workload_name)
-            self.ctx.resource_flavors[name] = dict((found or {}).get("spec") or {})
         self.state = self._read_state()
 
     @property

@@ -221,11 +221,10 @@ class SliceRun:
         self.body = body
         self.spec = spec
         self.shape = shape
-        meta = body["metadata"]
-        self.namespace: str = meta["namespace"]
-        self.name: str = meta["name"]
         self.role = role_of(ctx, body, spec, shape)
         """What differs between a job's slice and a standalone one (``slice_roles.py``)."""
+        self.namespace = self.role.namespace
+        self.name = self.role.name
         self.status = TPUSliceStatus.model_validate(body.get("status") or {})
         self.now = ctx.clock()
         self.requeue: float | None = None
