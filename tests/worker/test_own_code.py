@@ -98,3 +98,23 @@ def test_a_sigterm_saves_everywhere_at_one_step_and_exits_retryable(tmp_path: Pa
             stopped.update(re.findall(r"stopping at step (\d+)", log))
     assert len(stopped) == 1, f"processes stopped at different steps: {stopped}"
     assert saved(checkpoints) == [int(stopped.pop())]
+
+
+def test_the_coordinator_waits_for_a_peer_still_saving_before_it_exits(tmp_path: Path) -> None:
+    """Process 0 hosts JAX's coordination service. Stopped with its peers, it saves and
+    must not exit while one of them is still writing its part of the checkpoint: that
+    peer would lose the service mid-save and abort (SIGABRT, code 134) instead of exiting
+    retryable. Here process 1 takes 6 s longer to save than process 0."""
+    env = {"PYTHONPATH": str(launch.REPO / "tests" / "worker" / "trainers"), "SLOW_SAVE_S": "6"}
+    with launch.gang(launch.wirings(topology="2x4"), tmp_path, env) as gang:
+        gang.start(launch.worker_command("run", "--metrics-linger", "0", "-m", "slow_saver"))
+        gang.wait_for_log(gang.pods[1], "step 3 loss", STARTUP_S)
+        for pod in gang.pods:  # the operator's stop: every process at once
+            pod.signal(signal.SIGTERM)
+        codes = gang.wait(120)
+        stopped = set()
+        for pod in gang.pods:
+            log = pod.log()
+            assert codes[pod.process_id] == contract.EXIT_RETRYABLE, gang.logs()
+            stopped.update(re.findall(r"stopping at step (\d+)", log))
+    assert len(stopped) == 1, f"processes stopped at different steps: {stopped}"

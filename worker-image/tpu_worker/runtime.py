@@ -272,6 +272,10 @@ class Worker:
         self.metrics.end_time.set(time.time())
         self.termination.training_finished()
         if self.reporter.stop_requested:
+            # Every process stopped at the same step and saved together; the slowest may
+            # still be writing. Process 0 hosts the coordination service: leaving before
+            # its peers would abort them mid-save. Wait for all of them, within the grace.
+            self._shutdown(self.termination.time_left())
             exits.hard_exit(contract.EXIT_RETRYABLE, "stopped on SIGTERM at a checkpoint")
         log.info("training finished at step %d after %.1fs", self.reporter.last_step, self._age())
         self._linger(settings.metrics_linger_s)
@@ -287,11 +291,15 @@ class Worker:
         log.info("serving final metrics for up to %gs (SIGTERM ends this early)", seconds)
         self.termination.wait(seconds)
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, within: float | None = None) -> None:
+        """``jax.distributed.shutdown()``, bounded by ``within`` seconds (if given) and by
+        the heartbeat timeout: a barrier, since the coordinator (process 0) must outlive
+        every other process, or their heartbeats fail while they finish."""
         import jax
 
-        # A barrier: the coordinator (process 0) must outlive every other process, or
-        # their heartbeats fail while they finish.
+        bound = self.contract.settings.heartbeat_timeout_s + 10
+        if within is not None:
+            bound = min(bound, max(0.0, within - 1.0))  # exit before the grace timer fires
         done = threading.Event()
 
         def shutdown() -> None:
@@ -302,8 +310,10 @@ class Worker:
             done.set()
 
         threading.Thread(target=shutdown, name="tpu-worker-shutdown", daemon=True).start()
-        if not done.wait(self.contract.settings.heartbeat_timeout_s + 10):
-            log.warning("jax.distributed.shutdown did not finish; exiting anyway")
+        if not done.wait(bound):
+            log.warning(
+                "jax.distributed.shutdown did not finish within %.0fs; exiting anyway", bound
+            )
         if self.server is not None:
             self.server.close()
 

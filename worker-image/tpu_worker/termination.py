@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 from tpu_operator import contract
@@ -72,6 +73,7 @@ class TerminationHandler:
         self._native: Callable[[], None] | None = None
         self._read_fd, self._write_fd = os.pipe()
         self._wakeups = False
+        self._deadline: float | None = None
         os.set_blocking(self._write_fd, False)
 
     @property
@@ -113,6 +115,12 @@ class TerminationHandler:
                 self._native = lambda: fn1(signal.SIGTERM)
             log.debug("chained JAX's native SIGTERM handler at %#x", address)
         signal.signal(signal.SIGTERM, self._python_handler)
+
+    def time_left(self) -> float | None:
+        """Seconds until the SIGTERM grace period ends this process (None: no SIGTERM)."""
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - time.monotonic())
 
     def training_started(self) -> None:
         self._state = "training"
@@ -169,6 +177,7 @@ class TerminationHandler:
             contract.EXIT_RETRYABLE,
             self._grace_s,
         )
+        self._deadline = time.monotonic() + self._grace_s
         timer = threading.Timer(self._grace_s, self._grace_expired)
         timer.daemon = True
         timer.start()
