@@ -1,4 +1,4 @@
-"""The operator's end of the control channel to the workers' supervisors (aiohttp).
+"""The operator's end of the control channel to the workers' supervisors.
 
 Every request is signed with the job's key for one pod (``tpu_operator.supervision``:
 HMAC over the method, path, the pod's UID, time, a nonce and the body; the key never
@@ -14,6 +14,13 @@ bounded per job (``PER_JOB``) and in total (``CONCURRENCY``), so one job's pods 
 answer hold at most a share of the channel. Commands are idempotent on the supervisor's
 side (``stop`` for N stops nothing newer, ``start`` for N does nothing once N runs), so a
 reconcile that is cut short simply sends them again.
+
+The requests are plain HTTP/1.1 written on a connection of their own (asyncio streams),
+one request per connection, answered with a ``Content-Length`` or up to the close, as the
+supervisor (``tpu_worker.control``) answers. A general HTTP client (aiohttp) costs about
+twice the CPU per request (connection pooling, cookies, URL handling, none of which this
+channel uses), and a restart of a 4,096-host job sends over 8,000 of them
+(bench/HISTORY.md).
 """
 
 from __future__ import annotations
@@ -27,8 +34,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import aiohttp
 
 from tpu_operator import contract, supervision
 
@@ -114,21 +119,53 @@ class Answer:
     body: bytes
 
 
-async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The body of ``response``, refused (ControlError) once it passes ``limit`` bytes,
-    whatever Content-Length says; compressed bodies are refused unread."""
-    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+ANSWER_LINE_BYTES = 8192
+"""The status line or one header line of an answer, at most."""
+ANSWER_HEADERS = 64
+"""Header lines of an answer, at most."""
+
+
+async def read_answer(reader: asyncio.StreamReader, limit: int) -> Answer:
+    """One HTTP/1.1 answer from ``reader``: its body refused (ControlError) once it passes
+    ``limit`` bytes, whatever Content-Length says; compressed bodies are refused unread.
+    A body without a Content-Length is read up to the close (framing, such as chunks,
+    stays in it and fails the signature)."""
+    line = await reader.readline()
+    parts = line.decode("latin-1").split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise ControlError(f"not an HTTP answer: {printable(line.decode('latin-1'), 80)!r}")
+    status = int(parts[1])
+    headers: dict[str, str] = {}
+    for _ in range(ANSWER_HEADERS + 1):
+        raw = await reader.readline()
+        if raw in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = raw.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    else:
+        raise ControlError(f"the answer has over {ANSWER_HEADERS} header lines; not read")
+    encoding = headers.get("content-encoding", "identity").lower()
     if encoding not in ("", "identity"):
         raise ControlError(f"the answer is compressed ({printable(encoding, 40)}); not read")
-    declared = response.content_length
-    if declared is not None and declared > limit:
-        raise ControlError(f"the answer has {declared} bytes, over the {limit}-byte cap; not read")
-    data = bytearray()
-    async for chunk in response.content.iter_any():
-        data += chunk
-        if len(data) > limit:
-            raise ControlError(f"the answer passed the {limit}-byte cap; cut there")
-    return bytes(data)
+    signature = headers.get(supervision.ANSWER_HEADER.lower())
+    declared = headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise ControlError(f"the answer's Content-Length is {printable(declared, 40)!r}")
+        if int(declared) > limit:
+            raise ControlError(
+                f"the answer has {declared} bytes, over the {limit}-byte cap; not read"
+            )
+        return Answer(status, signature, await reader.readexactly(int(declared)))
+    data = await reader.read(limit + 1)
+    while data and len(data) <= limit:
+        more = await reader.read(limit + 1 - len(data))
+        if not more:
+            break
+        data += more
+    if len(data) > limit:
+        raise ControlError(f"the answer passed the {limit}-byte cap; cut there")
+    return Answer(status, signature, data)
 
 
 def load_master_key(path: str | None) -> bytes:
@@ -148,7 +185,7 @@ def load_master_key(path: str | None) -> bytes:
 
 
 class ControlChannel:
-    """Signed requests to supervisors; one aiohttp session, bounded concurrency."""
+    """Signed requests to supervisors, a connection each; bounded concurrency."""
 
     def __init__(
         self,
@@ -168,15 +205,12 @@ class ControlChannel:
         self._per_job = per_job
         self._jobs: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}
         """Per job: its semaphore and how many requests use it (dropped at 0)."""
-        self._session: aiohttp.ClientSession | None = None
 
     def key_for(self, job_uid: str) -> bytes:
         return supervision.derive_job_key(self.master_key, job_uid)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Nothing is kept open between requests; here for the owner's shutdown."""
 
     @contextlib.asynccontextmanager
     async def _slot(self, job_uid: str) -> AsyncIterator[None]:
@@ -194,17 +228,6 @@ class ControlChannel:
             users[0] -= 1
             if users[0] == 0:
                 del self._jobs[job_uid]
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                # A connection per request (the supervisor closes each anyway): nothing a
-                # pod sent after its answer is read as the next answer.
-                connector=aiohttp.TCPConnector(limit=0, force_close=True),
-                trust_env=False,
-                auto_decompress=False,
-            )
-        return self._session
 
     async def _request(
         self,
@@ -224,35 +247,40 @@ class ControlChannel:
         url = f"http://{host}:{self.port}{path}"
         key = self.key_for(job_uid)
         nonce = supervision.new_nonce()
-        headers = {
-            "Authorization": supervision.sign(key, method, path, body, pod=pod_uid, nonce=nonce),
-            "Content-Type": "application/json",
-            "Accept-Encoding": "identity",
-        }
+        authorization = supervision.sign(key, method, path, body, pod=pod_uid, nonce=nonce)
+        request = (
+            f"{method} {path} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
+            f"Authorization: {authorization}\r\nContent-Type: application/json\r\n"
+            f"Accept-Encoding: identity\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n"
+        ).encode("latin-1") + body
         async with self._slot(job_uid):
             try:
                 async with asyncio.timeout(self.timeout):
-                    answer = await self._send(method, url, body, headers)
+                    answer = await self._send(pod_ip, request)
             except ControlError as exc:
                 raise ControlError(f"{method} {url}: {exc}") from None
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            except (OSError, EOFError, TimeoutError, ValueError) as exc:
                 what = f"{type(exc).__name__}: {printable(str(exc))}".rstrip(": ")
                 if isinstance(exc, TimeoutError):
                     what = f"no answer within {self.timeout:g} s"
                 raise ControlError(f"{method} {url}: {what}") from None
         return self._parse(key, pod_uid, nonce, method, url, answer)
 
-    async def _send(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> Answer:
-        async with self._client().request(
-            method,
-            url,
-            data=body or None,
-            headers=headers,
-            allow_redirects=False,
-            timeout=aiohttp.ClientTimeout(total=self.timeout),
-        ) as response:
-            data = await read_bounded(response, self.max_answer_bytes)
-            return Answer(response.status, response.headers.get(supervision.ANSWER_HEADER), data)
+    async def _send(self, ip: str, request: bytes) -> Answer:
+        """Write ``request`` on a new connection to the pod, read the answer, close."""
+        reader, writer = await asyncio.open_connection(ip, self.port, limit=ANSWER_LINE_BYTES)
+        done = False
+        try:
+            writer.write(request)
+            answer = await read_answer(reader, self.max_answer_bytes)
+            done = True
+            return answer
+        finally:
+            if done:
+                writer.close()
+            else:  # cut short (timeout, cap, a bad answer): drop it at once
+                writer.transport.abort()
 
     def _parse(
         self, key: bytes, pod_uid: str, nonce: str, method: str, url: str, answer: Answer
