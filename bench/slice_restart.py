@@ -21,6 +21,10 @@ process of the next attempt runs and every pod of it is Ready is measured for:
   is the one slice, the other slices' pods kept their UIDs, and the slice's pods are new.
   The job's phase (Running as attempt 2) is recorded apart, waited for at most
   ``JOB_RUNNING_WAIT`` seconds after that.
+- ``inplace``: the same job, but the training process of that pod exits 1 (the stand-in's
+  ``fail``: Ready turns False) instead of its pod being deleted: every slice's processes
+  restart in place. Done as ``mixed``; fails unless ``restartKind`` is InPlace and every
+  pod kept its UID.
 - ``recreate``: the same job with failurePolicy.restartMode Recreate (every pod is
   deleted and created again). Done when every pod of attempt 2 is Running (its process
   starts with its container; a simulated pod is Ready when it starts); the job's phase
@@ -43,7 +47,7 @@ ended. Results: ``bench/results/slice_restart.json`` at the end, every finished 
 ``slice_restart.partial.json`` as it goes.
 
     .venv/bin/python bench/slice_restart.py [--reps N] [--sizes 256 1024 4096]
-        [--variants mixed recreate jobset]
+        [--variants mixed inplace recreate jobset]
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ JOBSET_INDEX = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 SETTLE = 2.0
 """Seconds before the failure (start-up writes done) and after the restart (paced writes)."""
-VARIANTS = ("mixed", "recreate", "jobset")
+VARIANTS = ("mixed", "inplace", "recreate", "jobset")
 JOB_RUNNING_WAIT = 10.0
 """Seconds the mixed trial waits, once every process runs, for the job's phase to say
 Running as the next attempt (recorded as not seen if later)."""
@@ -297,19 +301,33 @@ def kept_check(
 
 
 async def trial_mixed(bench: Bench, hosts: int, rep: int, limit: float) -> dict[str, Any]:
-    name = f"mx{hosts}-{rep}"
+    return await trial_supervised(bench, hosts, rep, limit, in_place=False)
+
+
+async def trial_inplace(bench: Bench, hosts: int, rep: int, limit: float) -> dict[str, Any]:
+    return await trial_supervised(bench, hosts, rep, limit, in_place=True)
+
+
+async def trial_supervised(
+    bench: Bench, hosts: int, rep: int, limit: float, *, in_place: bool
+) -> dict[str, Any]:
+    """``mixed`` (the pod deleted) or ``inplace`` (its training process exits 1)."""
+    name = f"{'ip' if in_place else 'mx'}{hosts}-{rep}"
     standin = bench.standin
     pods, jobs = await start_job(bench, name, hosts, "Auto", limit)
     await standin.wait(lambda: standin.serving(name) == hosts, limit, f"{name} served")
     await asyncio.sleep(SETTLE)
-    lost = str(victim_slice(hosts))
+    lost = "" if in_place else str(victim_slice(hosts))
     before_uids = pods.alive_by_slice()
     before, cpu, mark = (
         ip.operator_counters(bench.operator),
         bench.operator.cpu(),
         len(standin.events),
     )
-    failed = await lose_pod(bench.api, NAMESPACE, victim_pod(name, hosts))
+    if in_place:
+        failed = standin.fail(victim_pod(name, hosts))
+    else:
+        failed = await lose_pod(bench.api, NAMESPACE, victim_pod(name, hosts))
     await pods.wait(
         lambda: ip.all_ready_at(standin, pods, name, hosts, 2),
         limit,
@@ -330,10 +348,12 @@ async def trial_mixed(bench: Bench, hosts: int, rep: int, limit: float) -> dict[
     cpu = bench.operator.cpu() - cpu
     events = standin.events[mark:]
     problems = kept_check(before_uids, pods.alive_by_slice(), lost, hosts)
-    if status.get("restartKind") != "Mixed":
+    kind = "InPlace" if in_place else "Mixed"
+    if status.get("restartKind") != kind:
         problems.append(f"restartKind {status.get('restartKind')!r}: {status.get('message')}")
-    if status.get("recreatedSlices") != [int(lost)]:
-        problems.append(f"recreatedSlices {status.get('recreatedSlices')!r}, not [{lost}]")
+    recreated = [] if in_place else [int(lost)]
+    if (status.get("recreatedSlices") or []) != recreated:
+        problems.append(f"recreatedSlices {status.get('recreatedSlices')!r}, not {recreated}")
 
     def at(kind: str, attempt: int, last: bool = False) -> float | None:
         times = [e.at for e in events if e.kind == kind and e.attempt == attempt]
@@ -504,6 +524,7 @@ async def trial_jobset(bench: Bench, hosts: int, rep: int, limit: float) -> dict
 Trial = Callable[[Bench, int, int, float], Awaitable[dict[str, Any]]]
 TRIALS: dict[str, Trial] = {
     "mixed": trial_mixed,
+    "inplace": trial_inplace,
     "recreate": trial_recreate,
     "jobset": trial_jobset,
 }
@@ -556,6 +577,10 @@ STEPS = {
         "all_new_created",
         "all_new_running", "first_start", "last_start", "all_started", "all_new_ready",
         "job_running",
+    ),
+    "inplace": (
+        "committed", "first_stop", "last_stop", "first_start", "last_start", "all_started",
+        "all_new_ready", "job_running",
     ),
     "recreate": (
         "committed", "first_deleting", "old_gone", "first_new_created", "all_new_created",

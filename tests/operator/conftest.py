@@ -69,21 +69,22 @@ def running_operator(operator: OperatorProcess) -> Iterator[OperatorProcess]:
 
 @pytest.fixture
 def tpu_pools(cluster, namespace) -> Iterator[Callable[[int], list[str]]]:
-    """``tpu_pools(n)``: n fresh v4 2x2x2 pools (2 VMs each), named uniquely for this
+    """``tpu_pools(n)``: n fresh v4 2x2x2 pools (2 VMs each; ``topology`` and ``vms`` for
+    another v4 shape), named uniquely for this
     test (pods left over by a test stay pinned to its pools' names, so a later test never
     reuses one); removed after the test, the namespace's jobs and slices deleted first."""
     added: list[str] = []
 
-    def add(count: int) -> list[str]:
+    def add(count: int, topology: str = "2x2x2", vms: int = 2) -> list[str]:
         tag = uuid.uuid4().hex[:4]
         names = [f"ho{tag}-{chr(ord('a') + i)}" for i in range(count)]
         for name in names:
             cluster.agent.add_pool(
                 Pool(
                     name=name,
-                    vms=2,
+                    vms=vms,
                     accelerator="tpu-v4-podslice",
-                    topology="2x2x2",
+                    topology=topology,
                     chips_per_vm=4,
                 )
             )

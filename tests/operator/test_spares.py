@@ -3,11 +3,12 @@ label) that its first placement does not take; when a node of slice 1's pool goe
 NotReady, slice 1 is recreated on the spare at once, slice 0 restarts in place in the pods
 it has, and training resumes from the checkpoint. The broken pool is reported (event,
 status.brokenNodePools, condition NodePoolsHealthy, metric) until it heals. A pool deleted
-whole is moved off the same way, through a SIGKILL of the operator as the move commits.
+whole under the middle one of three slices is moved off the same way, through a SIGKILL of
+the operator as the move commits, the slices on both sides carried in place.
 
 Workers run ``tpu-worker demo`` (real multi-process JAX on CPU, under the supervisor) in
-run-mode pods of the local cluster. (Two slices, not three: six JAX processes on the CI
-machine's two cores take minutes to compile their first step.)
+run-mode pods of the local cluster. (Three slices of one host each, or two of two hosts:
+six JAX processes on the CI machine's two cores take minutes to compile their first step.)
 """
 
 from __future__ import annotations
@@ -31,19 +32,20 @@ SPARE_LABEL = "example.com/pool-role"
 
 @pytest.fixture
 def spare_pool(cluster, tpu_pools) -> Iterator[Callable[[], str]]:
-    """``spare_pool()``: a v4 2x2x2 pool labelled as a spare, named to sort before the
-    test's other pools (a placement that did not keep it in reserve would take it first);
-    removed after the test (after ``tpu_pools`` deleted the namespace's jobs)."""
+    """``spare_pool()``: a v4 2x2x2 pool (or ``topology`` of ``vms`` VMs) labelled as a
+    spare, named to sort before the test's other pools (a placement that did not keep it
+    in reserve would take it first); removed after the test (after ``tpu_pools`` deleted
+    the namespace's jobs)."""
     added: list[str] = []
 
-    def add() -> str:
+    def add(topology: str = "2x2x2", vms: int = 2) -> str:
         name = f"a{uuid.uuid4().hex[:4]}-spare"
         cluster.agent.add_pool(
             Pool(
                 name=name,
-                vms=2,
+                vms=vms,
                 accelerator="tpu-v4-podslice",
-                topology="2x2x2",
+                topology=topology,
                 chips_per_vm=4,
                 labels={SPARE_LABEL: "spare"},
             )
@@ -152,19 +154,20 @@ def test_a_slice_on_a_broken_pool_moves_to_the_spare_and_the_others_keep_their_p
 def test_a_slice_whose_pool_is_deleted_moves_to_the_spare_through_an_operator_kill(
     tpu, namespace, cluster, running_operator, tpu_pools, spare_pool
 ):
-    """A pool deleted whole under a running slice (its nodes and pods gone with it) does
-    not come back: the slice must not wait for it (the job does not ask GKE for pools
-    here). Slice 1 is recreated on the spare, slice 0 restarts in place in the pods it
-    has, and training resumes from the checkpoint; the operator SIGKILLed the moment the
-    move is committed, its successor converges with no worker created twice."""
-    spare = spare_pool()
-    main = tpu_pools(2)
+    """A pool deleted whole under the middle slice of three (its node and pod gone with
+    it) does not come back: the slice must not wait for it (the job does not ask GKE for
+    pools here). Slice 1 is recreated on the spare, slices 0 and 2 restart in place in
+    the pods they have, and training resumes from the checkpoint; the operator SIGKILLed
+    the moment the move is committed, its successor converges with no worker created
+    twice. (Single-host slices: three JAX processes, fewer than the 2 x 2 above.)"""
+    spare = spare_pool("2x2x1", vms=1)
+    main = tpu_pools(3, "2x2x1", vms=1)
     manifest, directory = demo_job(
         namespace,
         "deleted",
         "--steps=100000",
-        numSlices=2,
-        slice={"type": "v4-16"},
+        numSlices=3,
+        slice={"type": "v4-8"},
         placement={"spares": {"nodePools": [spare]}},
     )
     tpu.apply(manifest)
@@ -172,7 +175,7 @@ def test_a_slice_whose_pool_is_deleted_moves_to_the_spare_through_an_operator_ki
     assert sorted(first["nodePools"]) == sorted(main), first
     wait_until(lambda: steps_saved(directory), timeout=300, message="a first checkpoint")
     before = identities(tpu, namespace)
-    kept, gone = first["nodePools"]
+    kept, gone, third = first["nodePools"]
     with Recorder(tpu, namespace) as recorder:
         # Every node of the pool is gone before the operator looks again (frozen
         # meanwhile): the restart finds a pool with no nodes, not one with a VM missing.
@@ -194,16 +197,18 @@ def test_a_slice_whose_pool_is_deleted_moves_to_the_spare_through_an_operator_ki
     # 1 and 2 live together by design; no worker may have two pods, or be created twice.
     broken = [v for v in recorder.violations if "alive together" not in v]
     assert recorder.snapshots and not broken, broken
-    assert moved_to == [kept, spare], moved_to
+    assert moved_to == [kept, spare, third], moved_to
     assert status["lastFailure"]["reason"] == "NodeLost", status["lastFailure"]
     assert (status["restartKind"], status["recreatedSlices"]) == ("Mixed", [1]), status
-    assert (status["restarts"], status["nodePools"]) == (1, [kept, spare]), status
+    assert (status["restarts"], status["nodePools"]) == (1, [kept, spare, third]), status
     after = identities(tpu, namespace)
-    assert {n: after[n][0] for n in after if n.startswith("deleted-0-")} == {
-        n: v[0] for n, v in before.items() if n.startswith("deleted-0-")
-    }
+    for carried in ("deleted-0-", "deleted-2-"):  # the slices on both sides keep their pods
+        assert {n: after[n][0] for n in after if n.startswith(carried)} == {
+            n: v[0] for n, v in before.items() if n.startswith(carried)
+        }, carried
     moved = [p for p in tpu.pods(namespace) if p["metadata"]["name"].startswith("deleted-1-")]
-    assert len(moved) == 2, [p["metadata"]["name"] for p in moved]
+    assert len(moved) == 1, [p["metadata"]["name"] for p in moved]
+    assert moved[0]["metadata"]["uid"] != before[moved[0]["metadata"]["name"]][0]
     assert {p["spec"]["nodeSelector"][contract.NODE_LABEL_NODEPOOL] for p in moved} == {spare}
     # (The NodePoolGone event, posted after the status write, may have died with the
     # operator: tests/unit/policies/test_failure.py checks its text.)

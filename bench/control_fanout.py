@@ -1,0 +1,220 @@
+"""The control channel's fan-out: one stop and one start to each of N supervisors, as an
+in-place or mixed restart sends them, with the operator's client
+(``runtime/control.ControlChannel``: plain HTTP/1.1 on asyncio streams) against a general
+HTTP client (aiohttp, one connection per request, as the channel used before) side by
+side, interleaved, in one run.
+
+The supervisors are the benchmarks' stand-in (``standin_supervisor.StandIn``: the real
+supervisor's protocol, HMAC-verified and signed answers) in a process of their own, each
+listening on its own 127.9.x.y address, so the figures of the client process are the
+client's alone: CPU seconds per request and wall time per round of N requests.
+
+    .venv/bin/python bench/control_fanout.py --supervisors 4032 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+from harness import fmt, say, summary, table, write_results
+
+from tpu_operator import supervision
+from tpu_operator.runtime import control
+
+JOB_UID = "bench-job-uid"
+MASTER = b"bench-control-fanout-master-key!"
+VARIANTS = ("channel", "aiohttp")
+
+
+def address(i: int) -> str:
+    return f"127.9.{i // 250}.{i % 250 + 1}"
+
+
+# The supervisors' process ------------------------------------------------------------------
+
+
+async def serve(count: int) -> None:
+    from standin_supervisor import Process, StandIn
+
+    stand_in = StandIn(None, MASTER)  # type: ignore[arg-type]  # no pod, no readiness write
+    stand_in.register("job", JOB_UID)
+    for i in range(count):
+        proc = Process(
+            namespace="bench",
+            name=f"p{i}",
+            uid=f"uid-{i}",
+            ip=address(i),
+            job="job",
+            attempt=1,
+            pod={},
+        )
+        proc.started[1] = time.monotonic()
+        stand_in.procs[proc.uid] = proc
+        await stand_in._listen(proc)
+    if stand_in.errors:
+        raise SystemExit(stand_in.errors[0])
+    print("ready", flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+
+
+# The client's side -------------------------------------------------------------------------
+
+
+def cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class GeneralClient:
+    """The same signed requests through aiohttp's client (a connection per request, no
+    decompression, no redirect, the answer read up to the cap), answers checked by the
+    channel's own ``_parse``."""
+
+    def __init__(self, channel: control.ControlChannel) -> None:
+        self.channel = channel
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+            trust_env=False,
+            auto_decompress=False,
+        )
+        self.limit = asyncio.Semaphore(control.PER_JOB)
+
+    async def post(self, pod_uid: str, ip: str, path: str, payload: dict[str, object]) -> None:
+        key = self.channel.key_for(JOB_UID)
+        body = json.dumps(payload).encode()
+        nonce = supervision.new_nonce()
+        headers = {
+            "Authorization": supervision.sign(key, "POST", path, body, pod=pod_uid, nonce=nonce),
+            "Content-Type": "application/json",
+            "Accept-Encoding": "identity",
+        }
+        url = f"http://{ip}:{self.channel.port}{path}"
+        async with (
+            self.limit,
+            self.session.post(
+                url,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=self.channel.timeout),
+            ) as response,
+        ):
+            data = await response.content.read(self.channel.max_answer_bytes + 1)
+            answer = control.Answer(
+                response.status, response.headers.get(supervision.ANSWER_HEADER), data
+            )
+        self.channel._parse(key, pod_uid, nonce, "POST", url, answer)
+
+
+Send = Callable[[int, int], Awaitable[object]]
+
+
+async def round_of(count: int, send: Send, attempt: int) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds and errors of one request to each supervisor."""
+    started, used = time.monotonic(), cpu()
+    results = await asyncio.gather(
+        *(send(i, attempt) for i in range(count)), return_exceptions=True
+    )
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        say(f"  {len(errors)} errors, the first: {errors[0]!r}")
+    return time.monotonic() - started, cpu() - used, len(errors)
+
+
+async def measure(count: int, reps: int) -> dict[str, object]:
+    channel = control.ControlChannel(MASTER)
+    general = GeneralClient(channel)
+    senders: dict[str, tuple[Send, Send]] = {
+        "channel": (
+            lambda i, a: channel.stop(JOB_UID, f"uid-{i}", address(i), a, 25.0),
+            lambda i, a: channel.start(JOB_UID, f"uid-{i}", address(i), a, {}),
+        ),
+        "aiohttp": (
+            lambda i, a: general.post(
+                f"uid-{i}", address(i), supervision.STOP_PATH, {"attempt": a, "grace_seconds": 25.0}
+            ),
+            lambda i, a: general.post(
+                f"uid-{i}", address(i), supervision.START_PATH, {"attempt": a, "env": {}}
+            ),
+        ),
+    }
+    figures: dict[str, dict[str, list[float]]] = {
+        v: {"stop_s": [], "start_s": [], "cpu_ms": []} for v in VARIANTS
+    }
+    attempt = 1
+    for rep in range(reps):
+        for variant in VARIANTS if rep % 2 == 0 else tuple(reversed(VARIANTS)):
+            stop, start = senders[variant]
+            stop_s, stop_cpu, stop_errors = await round_of(count, stop, attempt)
+            start_s, start_cpu, start_errors = await round_of(count, start, attempt + 1)
+            attempt += 1
+            if stop_errors or start_errors:
+                raise SystemExit(f"{variant}: requests failed; see above")
+            figures[variant]["stop_s"].append(stop_s)
+            figures[variant]["start_s"].append(start_s)
+            figures[variant]["cpu_ms"].append((stop_cpu + start_cpu) * 1000 / (2 * count))
+            say(
+                f"rep {rep + 1} {variant}: stops {stop_s:.2f} s, starts {start_s:.2f} s, "
+                f"{figures[variant]['cpu_ms'][-1]:.3f} ms CPU per request"
+            )
+    await general.session.close()
+    return {v: {k: summary(values) for k, values in f.items()} for v, f in figures.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--supervisors", type=int, default=4032)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(serve(args.serve))
+        return
+    say(f"starting {args.supervisors} stand-in supervisors in a process of their own")
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(args.supervisors)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        if server.stdout.readline().strip() != "ready":
+            raise SystemExit("the stand-in supervisors did not start")
+        results = asyncio.run(measure(args.supervisors, args.reps))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+    rows = []
+    for key, what in (
+        ("cpu_ms", "client CPU per request (ms)"),
+        ("stop_s", "stops (s)"),
+        ("start_s", "starts (s)"),
+    ):
+        ours, general = results["channel"][key], results["aiohttp"][key]  # type: ignore[index]
+        rows.append(
+            [
+                what,
+                fmt(ours["median"], 3),
+                fmt(general["median"], 3),
+                fmt(ours["median"] / general["median"], 2),
+            ]
+        )
+    print(table(["figure (median)", "channel", "aiohttp", "channel / aiohttp"], rows))
+    write_results(
+        "control_fanout", {"supervisors": args.supervisors, "reps": args.reps, "results": results}
+    )
+
+
+if __name__ == "__main__":
+    main()
