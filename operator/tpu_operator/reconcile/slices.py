@@ -6,8 +6,10 @@ decides its status (its phase and message by the pure ladder of
 read), and only then acts on the pods, as the job does: a write that loses to a
 concurrent change (409) acts on nothing. What the act meets (pods the apiserver refuses,
 a Service that belongs to another object) is said by the next status, which it asks for
-at once. The capacity the pods consume (a ProvisioningRequest, a GKE Slice of dynamic
-slicing) is still asked for while observing, before the write.
+at once. The ProvisioningRequest of queued provisioning is read while observing, decided
+(``policies/provisioning_request.py``: which one the pods consume, what the status says of
+it) and made, withdrawn or its waiting pods moved to it only after the write. The GKE
+Slice of dynamic slicing is still formed while observing, before the write.
 
 Rules, applied on every reconcile from the watch caches (level-triggered):
 
@@ -62,12 +64,11 @@ from tpu_operator.placement.capacity import (
     PROVISIONING_REQUEST_PLURAL,
     QUEUED,
     CapacityMode,
-    request_name,
     request_objects,
     request_state,
 )
 from tpu_operator.placement.provisioning import is_claim
-from tpu_operator.policies import slice_phase, standalone
+from tpu_operator.policies import provisioning_request, slice_phase, standalone
 from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
 from tpu_operator.policies.slice_phase import PodRefusal
 from tpu_operator.reconcile.context import (
@@ -113,18 +114,9 @@ SLICES_PATH = f"/apis/{contract.SLICE_API_VERSION}/{contract.SLICE_CRD_PLURAL}"
 """Retry after the apiserver refused the pods as forbidden (quota, admission policy):
 the cause is outside the operator and may be lifted at any time."""
 PROVISIONING_GROUP = PROVISIONING_REQUEST_API.split("/")[0]
-PROVISIONING_POLL_SECONDS = 5.0
-"""How often a slice looks at the ProvisioningRequest it waits for (one GET)."""
-PROVISIONING_RETRY_SECONDS = 10.0
-PROVISIONING_RETRY_MAX = 600.0
-"""Backoff before the next request after one failed or expired (doubling per try)."""
 BUILD_ERRORS = (TypeError, AttributeError, ValueError, KeyError, IndexError, OverflowError)
 """What building a pod from a template the models accepted must never raise; if it does,
 the slice fails with InvalidPodTemplate rather than retrying a traceback."""
-
-
-def _words(kind: str, message: str) -> str:
-    return f"{kind}: {message}" if message and message != kind else kind
 
 
 class TemplateBuildError(Exception):
@@ -274,7 +266,9 @@ class SliceRun:
         if pool.retry_after is not None:
             self._after(pool.retry_after)
 
-        capacity = await self._capacity(target, node_pool, stopping, state, pods)
+        mode = self._capacity()
+        request = await self._request(mode, target, node_pool, stopping, state, pods)
+        capacity = replace(mode, provisioning_request=request.consume)
 
         blocked = barrier or (not_before is not None and self.now < not_before)
         if not_before is not None and self.now < not_before:
@@ -318,6 +312,7 @@ class SliceRun:
             return RETRY_AFTER_CONFLICT
 
         # act
+        await self._act_on_request(request, target, node_pool, mode)
         if await role.ensure_service(ports_of(spec)):
             self._after(MIN_REQUEUE_SECONDS)  # the next status says the conflict
         await self._delete_stale(state)
@@ -360,88 +355,82 @@ class SliceRun:
             return None
         return refusal if refusal.attempt == target else None
 
-    async def _capacity(
+    def _capacity(self) -> CapacityMode:
+        """The slice's capacity mode (``placement/capacity.py``), without the request its
+        pods consume (``_request`` says that)."""
+        placement = self.spec.placement
+        return CapacityMode(
+            placement.capacity if placement else None,
+            placement.max_run_duration_seconds if placement else None,
+        )
+
+    async def _request(
         self,
+        mode: CapacityMode,
         target: int,
         node_pool: str | None,
         stopping: bool,
         state: GangState,
         pods: list[PodView],
-    ) -> CapacityMode:
-        """The slice's capacity mode; for queued provisioning outside Kueue, the
-        ProvisioningRequest its pods consume, made here (``placement/capacity.py``).
-
-        A request is made while the slice's pool is still to be created by GKE (a claim):
-        one per try, named for the slice, the attempt and the try, so that an operator
-        restarted at any point finds the request it made rather than making a second. A
-        request that failed, or whose capacity expired or was revoked before every pod
-        was scheduled, ends the try: the next try's number is written to the status
-        first, and the request made on a later reconcile (after a backoff); pods still
-        waiting are moved to it."""
-        placement = self.spec.placement
-        mode = CapacityMode(
-            placement.capacity if placement else None,
-            placement.max_run_duration_seconds if placement else None,
-        )
+    ) -> provisioning_request.RequestPlan:
+        """For queued provisioning outside Kueue, the slice's ProvisioningRequest: read
+        (one GET, when there is one to look at) and decided
+        (``policies/provisioning_request.py``). What the plan makes, withdraws or moves is
+        done after the status is written (``_act_on_request``)."""
         template_meta = ((self.body.get("spec") or {}).get("template") or {}).get("metadata")
-        kueue_made = contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST in (
-            (template_meta or {}).get("annotations") or {}
-        )
         status = self.status
-        if status.provisioning_request and mode.capacity != QUEUED and not kueue_made:
-            # The job fell back from queued provisioning to capacity of another kind: the
-            # request it made is withdrawn, so that no VMs are booked for pods that no
-            # longer come.
-            await self._withdraw(status.provisioning_request)
-            self.withdrawn = True
-        if mode.capacity != QUEUED or kueue_made or stopping or not target:
-            return mode
-        tries = status.provisioning_tries if status.attempt == target else 0
-        name = request_name(self.name, target, tries)
-        path = namespaced(self.namespace, PROVISIONING_REQUEST_PLURAL, group=PROVISIONING_GROUP)
-        if not is_claim(node_pool):
-            # The pool exists: the pods select it by name. The request's last word is
-            # read once more, for the status.
-            if status.provisioning_request == name and not status.provisioning_state.startswith(
-                "Provisioned"
-            ):
-                kind, message = request_state(await self.ctx.kube.get(f"{path}/{name}"))
-                self.provisioning = (name, tries, _words(kind, message))
-            return mode
-        found = await self.ctx.kube.get(f"{path}/{name}")
-        kind, message = request_state(found)
-        current = [p for p in pods if p.attempt == target and not p.deleting]
-        scheduled = len(current) == self.shape.hosts and all(p.node for p in current)
-        if found is None:
-            if state.to_create or current:
-                await self._make_request(name, target, node_pool, mode)
-            kind = "Pending"
-        elif kind == "Failed" or (kind in ("BookingExpired", "Revoked") and not scheduled):
-            backoff = min(PROVISIONING_RETRY_SECONDS * 2**tries, PROVISIONING_RETRY_MAX)
-            self.provisioning = (name, tries + 1, _words(kind, message))
-            self._event_later(
-                "Warning",
-                Reason.PROVISIONING_FAILED,
-                f"ProvisioningRequest {name}: {kind}: {message}; asking again in {backoff:.0f} s",
-            )
-            self._after(backoff)
-            return replace(mode, provisioning_request=name)
-        moved = [p for p in current if p.consumes != name and not p.node]
+        facts = provisioning_request.RequestFacts(
+            slice_name=self.name,
+            queued=mode.capacity == QUEUED,
+            kueue_made=contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST
+            in ((template_meta or {}).get("annotations") or {}),
+            stopping=stopping,
+            attempt=target,
+            recorded=status.provisioning_request,
+            recorded_state=status.provisioning_state,
+            tries=status.provisioning_tries if status.attempt == target else 0,
+            claim=is_claim(node_pool),
+            hosts=self.shape.hosts,
+            to_create=bool(state.to_create),
+            pods=pods,
+        )
+        name = provisioning_request.to_read(facts)
+        found = None
+        if name is not None:
+            path = namespaced(self.namespace, PROVISIONING_REQUEST_PLURAL, group=PROVISIONING_GROUP)
+            body = await self.ctx.kube.get(f"{path}/{name}")
+            found = request_state(body) if body is not None else None
+        plan = provisioning_request.decide(facts, found)
+        self.provisioning = plan.recorded
+        self.withdrawn = plan.withdraw is not None
+        if plan.failed:
+            self._event_later("Warning", Reason.PROVISIONING_FAILED, plan.failed)
+        if plan.recheck is not None:
+            self._after(plan.recheck)
+        return plan
+
+    async def _act_on_request(
+        self,
+        plan: provisioning_request.RequestPlan,
+        target: int,
+        node_pool: str | None,
+        mode: CapacityMode,
+    ) -> None:
+        """Withdraw, make and move what the committed plan says."""
+        if plan.withdraw is not None:
+            await self._withdraw(plan.withdraw)
+        if plan.make is not None:
+            await self._make_request(plan.make, target, node_pool, mode)
+        if plan.consume is None or not plan.move:
+            return
+        annotation = {contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST: plan.consume}
         await send_all(
             self.ctx.kube.merge_patch(
-                namespaced(self.namespace, "pods", p.name),
-                {
-                    "metadata": {
-                        "annotations": {contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST: name}
-                    }
-                },
+                namespaced(self.namespace, "pods", pod),
+                {"metadata": {"annotations": annotation}},
             )
-            for p in moved
+            for pod in plan.move
         )
-        self.provisioning = (name, tries, _words(kind, message))
-        if kind not in ("Provisioned",) or not scheduled:
-            self._after(PROVISIONING_POLL_SECONDS)
-        return replace(mode, provisioning_request=name)
 
     async def _withdraw(self, name: str) -> None:
         """Delete a ProvisioningRequest this slice made, and its PodTemplate. One that
