@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from tests.unit.fakeapi import FakeCluster
+from tests.unit.test_dynamic_slicing_parts import cube_nodes
 from tpu_operator import contract
+from tpu_operator.placement import dynamic
 from tpu_operator.runtime.kube import ApiError
 
 pytestmark = pytest.mark.unit
@@ -449,6 +451,48 @@ def test_a_slice_whose_status_write_conflicts_makes_and_withdraws_no_provisionin
         ["provisioningrequests", "s-a1-r0"],
         ["podtemplates", "s-a1-r0"],
     ]
+
+
+def test_a_slice_whose_status_write_conflicts_forms_and_deletes_no_gke_slice():
+    """The GKE Slice of dynamic slicing is formed, and deleted, only after the status that
+    says it is written."""
+    cluster = FakeCluster()
+    for node in cube_nodes("cube-a"):
+        cluster.objects[f"/api/v1/nodes/{node['metadata']['name']}"] = node
+    sub_slice = {"accelerator": "tpu7x", "topology": "2x2x2", "dynamicSlicing": "SubSlice"}
+    cluster.apply_slice("s", {**sub_slice, "template": job_spec()["template"]})
+    gke = f"/apis/{contract.SLICE_API_VERSION}/{contract.SLICE_CRD_PLURAL}"
+    name = dynamic.slice_name("ml", "s", 1)
+
+    def acts() -> list[tuple[str, str]]:
+        return [(r.verb, r.path) for r in cluster.requests if r.verb in ("POST", "DELETE")]
+
+    cluster.conflict_next_status_write.add("s")
+    assert cluster.reconcile_slice("s") == 0.2
+    assert acts() == []
+    cluster.clear_requests()
+    cluster.reconcile_slice("s")
+    assert cluster.status_writes(contract.SLICE_PLURAL) == (1, 0)
+    assert acts()[0] == ("POST", gke)  # after the write
+    assert f"form Slice {name} of " in cluster.slice("s")["status"]["message"]
+    formed = cluster.objects[f"{gke}/{name}"]
+    formed["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "ACTIVE"}]}
+    cluster.clear_requests()
+    cluster.reconcile_slice("s")
+    assert len(cluster.pods("s")) == 2
+
+    body = cluster.slice("s")
+    body["spec"]["suspend"] = True
+    body["metadata"]["generation"] += 1
+    cluster.clear_requests()
+    cluster.conflict_next_status_write.add("s")
+    assert cluster.reconcile_slice("s") == 0.2
+    assert acts() == []
+    cluster.clear_requests()
+    cluster.reconcile_slice("s")
+    assert cluster.status_writes(contract.SLICE_PLURAL) == (1, 0)
+    assert ("DELETE", f"{gke}/{name}") in acts()
+    assert f"{gke}/{name}" not in cluster.objects
 
 
 def test_a_resumed_standalone_slice_writes_its_new_attempt_before_its_pods_exist():

@@ -6,10 +6,10 @@ decides its status (its phase and message by the pure ladder of
 read), and only then acts on the pods, as the job does: a write that loses to a
 concurrent change (409) acts on nothing. What the act meets (pods the apiserver refuses,
 a Service that belongs to another object) is said by the next status, which it asks for
-at once. The ProvisioningRequest of queued provisioning is read while observing, decided
-(``policies/provisioning_request.py``: which one the pods consume, what the status says of
-it) and made, withdrawn or its waiting pods moved to it only after the write. The GKE
-Slice of dynamic slicing is still formed while observing, before the write.
+at once. So with the capacity the pods consume: the ProvisioningRequest of queued
+provisioning (``policies/provisioning_request.py``) and the GKE Slice of dynamic slicing
+(``policies/dynamic_slice.py``) are read while observing, and what the status says of
+them decided there; they are made, withdrawn or deleted only after the write.
 
 Rules, applied on every reconcile from the watch caches (level-triggered):
 
@@ -68,7 +68,7 @@ from tpu_operator.placement.capacity import (
     request_state,
 )
 from tpu_operator.placement.provisioning import is_claim
-from tpu_operator.policies import provisioning_request, slice_phase, standalone
+from tpu_operator.policies import dynamic_slice, provisioning_request, slice_phase, standalone
 from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
 from tpu_operator.policies.slice_phase import PodRefusal
 from tpu_operator.reconcile.context import (
@@ -107,8 +107,6 @@ BARRIER_RECHECK_SECONDS = 5.0
 """Safety net while pods of an older attempt drain: the slice is also woken by their
 deletion events."""
 FORBIDDEN_RETRY_SECONDS = 30.0
-DYNAMIC_SLICE_RECHECK_SECONDS = 2.0
-"""How often a slice waiting for its GKE Slice (not watched) looks at it again."""
 RELEASE_RETRY_SECONDS = 10.0
 SLICES_PATH = f"/apis/{contract.SLICE_API_VERSION}/{contract.SLICE_CRD_PLURAL}"
 """Retry after the apiserver refused the pods as forbidden (quota, admission policy):
@@ -159,6 +157,7 @@ class SliceReconciler:
             ctx.caches.tombstones.forget_slice(namespace, name)
             ctx.created_pods.forget(key)
             ctx.refused_pods.pop(key, None)
+            ctx.refused_dynamic_slices.pop(key, None)
             ctx.reservations.release(slice_holder(namespace, name))
             return await release_dynamic_slices(ctx, namespace, name)
         if body["metadata"].get("deletionTimestamp"):
@@ -227,7 +226,10 @@ class SliceRun:
         """The ProvisioningRequest of this reconcile: (name, tries, state in words)."""
         self.provisioning_events: list[tuple[str, Reason, str]] = []
         self.withdrawn = False
-        """This reconcile withdrew the slice's ProvisioningRequest (its capacity changed)."""
+        """This reconcile withdraws the slice's ProvisioningRequest (its capacity changed)."""
+        self.dynamic_refused = ""
+        """What the apiserver said at the last try to form or delete a GKE Slice of this
+        slice (this reconcile's status says it)."""
 
     def _after(self, seconds: float) -> None:
         seconds = max(seconds, MIN_REQUEUE_SECONDS)
@@ -283,13 +285,14 @@ class SliceRun:
             and (node_pool or not role.needs_pool)
         )
         to_create = self._not_awaited(state, pods, target)
-        gke_slice = None
+        gke_slice, dynamic_plan = None, None
         if self.shape.dynamic is not None:
             ctx.caches.dynamic_slicing_seen = True
             forming = can_create and bool(to_create)
             release = stopping or state.outcome == "Succeeded"
             if forming or release:
-                gke_slice, waiting_for = await self._dynamic_slice(target, release, forming)
+                dynamic_plan = await self._dynamic_slice(target, release, forming)
+                gke_slice, waiting_for = dynamic_plan.gke_slice, dynamic_plan.waiting_for
                 can_create = can_create and gke_slice is not None
         creating = can_create and bool(to_create)
         refusal = self._refusal(target) if creating else None
@@ -313,6 +316,8 @@ class SliceRun:
 
         # act
         await self._act_on_request(request, target, node_pool, mode)
+        if dynamic_plan is not None:
+            await self._act_on_dynamic_slices(dynamic_plan, target)
         if await role.ensure_service(ports_of(spec)):
             self._after(MIN_REQUEUE_SECONDS)  # the next status says the conflict
         await self._delete_stale(state)
@@ -565,28 +570,30 @@ class SliceRun:
 
     async def _dynamic_slice(
         self, target: int, release: bool, forming: bool
-    ) -> tuple[str | None, str]:
-        """Ironwood dynamic slicing (``placement/dynamic.py``): the GKE Slice of attempt
-        ``target`` once Ready (its name), or what the pods wait for. Deletes this slice's
-        Slices of other attempts (all of them when ``release``); forms the attempt's Slice
-        of free healthy partitions when ``forming`` and it does not exist."""
+    ) -> dynamic_slice.DynamicPlan:
+        """Ironwood dynamic slicing: this slice's GKE Slices read (and every Slice, when
+        the attempt's is to be formed) and decided (``policies/dynamic_slice.py``). What
+        the plan forms or deletes is done after the status is written
+        (``_act_on_dynamic_slices``)."""
         kube = self.ctx.kube
-        name = dynamic.slice_name(self.namespace, self.name, target)
-        mine: dict[str, dict[str, Any]] = {}
+        key = (self.namespace, self.name)
+        facts = dynamic_slice.DynamicFacts(
+            name=dynamic.slice_name(self.namespace, self.name, target),
+            mine={},
+            release=release,
+            forming=forming,
+            refused=self.ctx.refused_dynamic_slices.pop(key, ""),
+        )
         try:
             listed = await kube.request(
                 "GET",
                 SLICES_PATH,
                 query={"labelSelector": dynamic.owner_selector(self.namespace, self.name)},
             )
-            mine = {item["metadata"]["name"]: item for item in (listed or {}).get("items", [])}
-            for other in mine:
-                if release or other != name:
-                    await kube.delete(f"{SLICES_PATH}/{other}")
-            if release or not forming:
-                return None, ""
-            current = mine.get(name)
-            if current is None:
+            items = (listed or {}).get("items", [])
+            mine = {item["metadata"]["name"]: dynamic.slice_state(item) for item in items}
+            facts = replace(facts, mine=mine)
+            if dynamic_slice.needs_choice(facts):
                 everyone = await kube.request("GET", SLICES_PATH)
                 nodes = self.ctx.caches.tpu_nodes()
                 taken = dynamic.taken_partitions((everyone or {}).get("items", []))
@@ -595,29 +602,42 @@ class SliceRun:
                     dynamic.partitions(nodes, dynamic.level(self.shape)),
                     dynamic.busy_nodes(nodes, taken),
                 )
-                self._after(DYNAMIC_SLICE_RECHECK_SECONDS)
-                if choice.ids is None:
-                    return None, f"waiting for capacity to form a dynamic slice: {choice.message}"
-                body = dynamic.slice_body(name, self.shape, choice.ids, self.namespace, self.name)
-                await kube.create(SLICES_PATH, body)
-                return None, (
-                    f"waiting for GKE's slice controller to form Slice {name} of "
-                    f"{', '.join(choice.ids)}"
-                )
+                facts = replace(facts, choice=choice)
         except ApiError as exc:
-            self._after(DYNAMIC_SLICE_RECHECK_SECONDS)
-            return None, f"dynamic slicing: {exc.message or exc} (is the slice controller enabled?)"
-        found = dynamic.slice_state(current)
-        if found.ready:
-            return name, ""
-        self._after(DYNAMIC_SLICE_RECHECK_SECONDS)
-        if found.failed:
-            await kube.delete(f"{SLICES_PATH}/{name}")
-            return None, (
-                f"GKE could not form Slice {name} ({found.reason}: {found.message}); "
-                "forming it again"
+            facts = replace(facts, mine={}, unread=exc.message or str(exc))
+        plan = dynamic_slice.decide(facts)
+        if plan.recheck is not None:
+            self._after(plan.recheck)
+        self.dynamic_refused = facts.refused
+        return plan
+
+    async def _act_on_dynamic_slices(self, plan: dynamic_slice.DynamicPlan, target: int) -> None:
+        """Delete and form the GKE Slices the committed plan says. What the apiserver
+        refuses is said by the slice's next status (and tried again)."""
+        if not plan.delete and plan.form is None:
+            if self.dynamic_refused:
+                self._after(MIN_REQUEUE_SECONDS)  # the next status says what is true now
+            return
+        kube = self.ctx.kube
+        try:
+            for name in plan.delete:
+                await kube.delete(f"{SLICES_PATH}/{name}")
+            if plan.form is not None:
+                name = dynamic.slice_name(self.namespace, self.name, target)
+                body = dynamic.slice_body(name, self.shape, plan.form, self.namespace, self.name)
+                await kube.create(SLICES_PATH, body)
+        except ApiError as exc:
+            said = exc.message or str(exc)
+            log.warning(
+                "cannot form or delete a GKE Slice of %s/%s: %s", self.namespace, self.name, said
             )
-        return None, f"waiting for GKE's slice controller to form Slice {name} ({found.reason})"
+            self.ctx.refused_dynamic_slices[(self.namespace, self.name)] = said
+            self._after(dynamic_slice.RECHECK_SECONDS)
+            if said != self.dynamic_refused:
+                self._after(MIN_REQUEUE_SECONDS)  # the next status says it
+            return
+        if self.dynamic_refused:
+            self._after(MIN_REQUEUE_SECONDS)
 
     async def _create_pods(
         self,
