@@ -215,6 +215,21 @@ class FakeCluster:
         obj = self.objects.get(path)
         return copy.deepcopy(obj) if obj is not None else None
 
+    async def request(
+        self, verb: str, path: str, *, query: Mapping[str, str] | None = None, **_: Any
+    ) -> dict[str, Any]:
+        """A LIST (the only other request the reconcilers send through it), by label."""
+        assert verb == "GET", verb
+        selector = (query or {}).get("labelSelector", "")
+        items = [
+            copy.deepcopy(o)
+            for key, o in self.objects.items()
+            if key.rpartition("/")[0] == path
+            and _selected(o["metadata"].get("labels") or {}, selector)
+        ]
+        self.requests.append(Request("GET", path, 200))
+        return {"items": items}
+
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         status_write = path.endswith("/status")
         key = path.removesuffix("/status")

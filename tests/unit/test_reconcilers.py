@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from tests.unit.fakeapi import FakeCluster
+from tests.unit.test_dynamic_slicing_parts import cube_nodes
 from tpu_operator import contract
+from tpu_operator.placement import dynamic
 from tpu_operator.runtime.kube import ApiError
 
 pytestmark = pytest.mark.unit
@@ -392,6 +394,105 @@ def test_a_slice_whose_status_write_conflicts_creates_no_pods():
         assert cluster.status_writes(contract.SLICE_PLURAL) == (1, 0)
         assert len(cluster.pods(name.removesuffix("-0"))) == 1
         cluster.clear_requests()
+
+
+def test_a_slice_whose_status_write_conflicts_makes_and_withdraws_no_provisioning_request():
+    """The ProvisioningRequest of queued provisioning (and its PodTemplate) is made, and
+    withdrawn, only after the status that names it is written."""
+    cluster = FakeCluster()
+    queued = {"capacity": "QueuedProvisioning"}
+    cluster.apply_slice("s", slice_spec("v6e-16", placement=queued))
+    cluster.apply_job("j", job_spec("v6e-16", placement=queued))
+    cluster.reconcile_job("j")
+    made = ("/podtemplates", "/provisioningrequests")
+
+    def acts() -> list[tuple[str, str]]:
+        return [
+            (r.verb, r.path)
+            for r in cluster.requests
+            if r.verb in ("POST", "DELETE") and any(p in r.path for p in made)
+        ]
+
+    for name in ("s", "j-0"):
+        request = f"{name}-a1-r0"
+        cluster.clear_requests()
+        cluster.conflict_next_status_write.add(name)
+        assert cluster.reconcile_slice(name) == 0.2
+        assert acts() == []
+        assert not cluster.pods(name.removesuffix("-0"))
+        cluster.clear_requests()
+        cluster.reconcile_slice(name)
+        assert cluster.status_writes(contract.SLICE_PLURAL) == (1, 0)
+        writes = [i for i, r in enumerate(cluster.requests) if r.path.endswith(f"/{name}/status")]
+        assert [p for _, p in acts()] == [
+            "/api/v1/namespaces/ml/podtemplates",
+            "/apis/autoscaling.x-k8s.io/v1/namespaces/ml/provisioningrequests",
+        ]
+        first_act = next(i for i, r in enumerate(cluster.requests) if r.verb == "POST")
+        assert writes[0] < first_act  # the status said it first
+        assert cluster.slice(name)["status"]["provisioningRequest"] == request
+        assert f"ProvisioningRequest {request}" in cluster.slice(name)["status"]["message"]
+
+    # The standalone slice's capacity is no longer queued: its request is withdrawn, once
+    # the status that forgets it is written.
+    body = cluster.slice("s")
+    body["spec"]["placement"] = {}
+    body["metadata"]["generation"] += 1
+    cluster.clear_requests()
+    cluster.conflict_next_status_write.add("s")
+    assert cluster.reconcile_slice("s") == 0.2
+    assert acts() == []
+    assert cluster.slice("s")["status"]["provisioningRequest"] == "s-a1-r0"
+    cluster.clear_requests()
+    cluster.reconcile_slice("s")
+    assert cluster.status_writes(contract.SLICE_PLURAL) == (1, 0)
+    assert not cluster.slice("s")["status"].get("provisioningRequest")
+    assert [p.rsplit("/", 2)[-2:] for _, p in acts()] == [
+        ["provisioningrequests", "s-a1-r0"],
+        ["podtemplates", "s-a1-r0"],
+    ]
+
+
+def test_a_slice_whose_status_write_conflicts_forms_and_deletes_no_gke_slice():
+    """The GKE Slice of dynamic slicing is formed, and deleted, only after the status that
+    says it is written."""
+    cluster = FakeCluster()
+    for node in cube_nodes("cube-a"):
+        cluster.objects[f"/api/v1/nodes/{node['metadata']['name']}"] = node
+    sub_slice = {"accelerator": "tpu7x", "topology": "2x2x2", "dynamicSlicing": "SubSlice"}
+    cluster.apply_slice("s", {**sub_slice, "template": job_spec()["template"]})
+    gke = f"/apis/{contract.SLICE_API_VERSION}/{contract.SLICE_CRD_PLURAL}"
+    name = dynamic.slice_name("ml", "s", 1)
+
+    def acts() -> list[tuple[str, str]]:
+        return [(r.verb, r.path) for r in cluster.requests if r.verb in ("POST", "DELETE")]
+
+    cluster.conflict_next_status_write.add("s")
+    assert cluster.reconcile_slice("s") == 0.2
+    assert acts() == []
+    cluster.clear_requests()
+    cluster.reconcile_slice("s")
+    assert cluster.status_writes(contract.SLICE_PLURAL) == (1, 0)
+    assert acts()[0] == ("POST", gke)  # after the write
+    assert f"form Slice {name} of " in cluster.slice("s")["status"]["message"]
+    formed = cluster.objects[f"{gke}/{name}"]
+    formed["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "ACTIVE"}]}
+    cluster.clear_requests()
+    cluster.reconcile_slice("s")
+    assert len(cluster.pods("s")) == 2
+
+    body = cluster.slice("s")
+    body["spec"]["suspend"] = True
+    body["metadata"]["generation"] += 1
+    cluster.clear_requests()
+    cluster.conflict_next_status_write.add("s")
+    assert cluster.reconcile_slice("s") == 0.2
+    assert acts() == []
+    cluster.clear_requests()
+    cluster.reconcile_slice("s")
+    assert cluster.status_writes(contract.SLICE_PLURAL) == (1, 0)
+    assert ("DELETE", f"{gke}/{name}") in acts()
+    assert f"{gke}/{name}" not in cluster.objects
 
 
 def test_a_resumed_standalone_slice_writes_its_new_attempt_before_its_pods_exist():

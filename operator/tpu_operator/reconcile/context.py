@@ -110,6 +110,10 @@ class Context:
     refused_pods: dict[tuple[str, str], PodRefusal] = field(default_factory=dict)
     """TPUSlices whose pods could not be created at their last try, by (namespace, name):
     why, for the slice's next status (the pods are created after the write)."""
+    refused_dynamic_slices: dict[tuple[str, str], str] = field(default_factory=dict)
+    """TPUSlices whose GKE Slice (dynamic slicing) could not be formed or deleted at their
+    last try, by (namespace, name): what the apiserver said, for the slice's next status
+    (Slices are formed and deleted after the write)."""
     pods_in_flight: PodsInFlight = field(default_factory=PodsInFlight)
     """Pods created on a node pool that the pod cache does not show yet (they hold it)."""
     supervisors: Supervisors | None = None

@@ -6,8 +6,10 @@ decides its status (its phase and message by the pure ladder of
 read), and only then acts on the pods, as the job does: a write that loses to a
 concurrent change (409) acts on nothing. What the act meets (pods the apiserver refuses,
 a Service that belongs to another object) is said by the next status, which it asks for
-at once. The capacity the pods consume (a ProvisioningRequest, a GKE Slice of dynamic
-slicing) is still asked for while observing, before the write.
+at once. So with the capacity the pods consume: the ProvisioningRequest of queued
+provisioning (``policies/provisioning_request.py``) and the GKE Slice of dynamic slicing
+(``policies/dynamic_slice.py``) are read while observing, and what the status says of
+them decided there; they are made, withdrawn or deleted only after the write.
 
 Rules, applied on every reconcile from the watch caches (level-triggered):
 
@@ -62,12 +64,11 @@ from tpu_operator.placement.capacity import (
     PROVISIONING_REQUEST_PLURAL,
     QUEUED,
     CapacityMode,
-    request_name,
     request_objects,
     request_state,
 )
 from tpu_operator.placement.provisioning import is_claim
-from tpu_operator.policies import slice_phase, standalone
+from tpu_operator.policies import dynamic_slice, provisioning_request, slice_phase, standalone
 from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
 from tpu_operator.policies.slice_phase import PodRefusal
 from tpu_operator.reconcile.context import (
@@ -106,25 +107,14 @@ BARRIER_RECHECK_SECONDS = 5.0
 """Safety net while pods of an older attempt drain: the slice is also woken by their
 deletion events."""
 FORBIDDEN_RETRY_SECONDS = 30.0
-DYNAMIC_SLICE_RECHECK_SECONDS = 2.0
-"""How often a slice waiting for its GKE Slice (not watched) looks at it again."""
 RELEASE_RETRY_SECONDS = 10.0
 SLICES_PATH = f"/apis/{contract.SLICE_API_VERSION}/{contract.SLICE_CRD_PLURAL}"
 """Retry after the apiserver refused the pods as forbidden (quota, admission policy):
 the cause is outside the operator and may be lifted at any time."""
 PROVISIONING_GROUP = PROVISIONING_REQUEST_API.split("/")[0]
-PROVISIONING_POLL_SECONDS = 5.0
-"""How often a slice looks at the ProvisioningRequest it waits for (one GET)."""
-PROVISIONING_RETRY_SECONDS = 10.0
-PROVISIONING_RETRY_MAX = 600.0
-"""Backoff before the next request after one failed or expired (doubling per try)."""
 BUILD_ERRORS = (TypeError, AttributeError, ValueError, KeyError, IndexError, OverflowError)
 """What building a pod from a template the models accepted must never raise; if it does,
 the slice fails with InvalidPodTemplate rather than retrying a traceback."""
-
-
-def _words(kind: str, message: str) -> str:
-    return f"{kind}: {message}" if message and message != kind else kind
 
 
 class TemplateBuildError(Exception):
@@ -167,6 +157,7 @@ class SliceReconciler:
             ctx.caches.tombstones.forget_slice(namespace, name)
             ctx.created_pods.forget(key)
             ctx.refused_pods.pop(key, None)
+            ctx.refused_dynamic_slices.pop(key, None)
             ctx.reservations.release(slice_holder(namespace, name))
             return await release_dynamic_slices(ctx, namespace, name)
         if body["metadata"].get("deletionTimestamp"):
@@ -235,7 +226,10 @@ class SliceRun:
         """The ProvisioningRequest of this reconcile: (name, tries, state in words)."""
         self.provisioning_events: list[tuple[str, Reason, str]] = []
         self.withdrawn = False
-        """This reconcile withdrew the slice's ProvisioningRequest (its capacity changed)."""
+        """This reconcile withdraws the slice's ProvisioningRequest (its capacity changed)."""
+        self.dynamic_refused = ""
+        """What the apiserver said at the last try to form or delete a GKE Slice of this
+        slice (this reconcile's status says it)."""
 
     def _after(self, seconds: float) -> None:
         seconds = max(seconds, MIN_REQUEUE_SECONDS)
@@ -274,7 +268,9 @@ class SliceRun:
         if pool.retry_after is not None:
             self._after(pool.retry_after)
 
-        capacity = await self._capacity(target, node_pool, stopping, state, pods)
+        mode = self._capacity()
+        request = await self._request(mode, target, node_pool, stopping, state, pods)
+        capacity = replace(mode, provisioning_request=request.consume)
 
         blocked = barrier or (not_before is not None and self.now < not_before)
         if not_before is not None and self.now < not_before:
@@ -289,13 +285,14 @@ class SliceRun:
             and (node_pool or not role.needs_pool)
         )
         to_create = self._not_awaited(state, pods, target)
-        gke_slice = None
+        gke_slice, dynamic_plan = None, None
         if self.shape.dynamic is not None:
             ctx.caches.dynamic_slicing_seen = True
             forming = can_create and bool(to_create)
             release = stopping or state.outcome == "Succeeded"
             if forming or release:
-                gke_slice, waiting_for = await self._dynamic_slice(target, release, forming)
+                dynamic_plan = await self._dynamic_slice(target, release, forming)
+                gke_slice, waiting_for = dynamic_plan.gke_slice, dynamic_plan.waiting_for
                 can_create = can_create and gke_slice is not None
         creating = can_create and bool(to_create)
         refusal = self._refusal(target) if creating else None
@@ -318,6 +315,9 @@ class SliceRun:
             return RETRY_AFTER_CONFLICT
 
         # act
+        await self._act_on_request(request, target, node_pool, mode)
+        if dynamic_plan is not None:
+            await self._act_on_dynamic_slices(dynamic_plan, target)
         if await role.ensure_service(ports_of(spec)):
             self._after(MIN_REQUEUE_SECONDS)  # the next status says the conflict
         await self._delete_stale(state)
@@ -360,88 +360,82 @@ class SliceRun:
             return None
         return refusal if refusal.attempt == target else None
 
-    async def _capacity(
+    def _capacity(self) -> CapacityMode:
+        """The slice's capacity mode (``placement/capacity.py``), without the request its
+        pods consume (``_request`` says that)."""
+        placement = self.spec.placement
+        return CapacityMode(
+            placement.capacity if placement else None,
+            placement.max_run_duration_seconds if placement else None,
+        )
+
+    async def _request(
         self,
+        mode: CapacityMode,
         target: int,
         node_pool: str | None,
         stopping: bool,
         state: GangState,
         pods: list[PodView],
-    ) -> CapacityMode:
-        """The slice's capacity mode; for queued provisioning outside Kueue, the
-        ProvisioningRequest its pods consume, made here (``placement/capacity.py``).
-
-        A request is made while the slice's pool is still to be created by GKE (a claim):
-        one per try, named for the slice, the attempt and the try, so that an operator
-        restarted at any point finds the request it made rather than making a second. A
-        request that failed, or whose capacity expired or was revoked before every pod
-        was scheduled, ends the try: the next try's number is written to the status
-        first, and the request made on a later reconcile (after a backoff); pods still
-        waiting are moved to it."""
-        placement = self.spec.placement
-        mode = CapacityMode(
-            placement.capacity if placement else None,
-            placement.max_run_duration_seconds if placement else None,
-        )
+    ) -> provisioning_request.RequestPlan:
+        """For queued provisioning outside Kueue, the slice's ProvisioningRequest: read
+        (one GET, when there is one to look at) and decided
+        (``policies/provisioning_request.py``). What the plan makes, withdraws or moves is
+        done after the status is written (``_act_on_request``)."""
         template_meta = ((self.body.get("spec") or {}).get("template") or {}).get("metadata")
-        kueue_made = contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST in (
-            (template_meta or {}).get("annotations") or {}
-        )
         status = self.status
-        if status.provisioning_request and mode.capacity != QUEUED and not kueue_made:
-            # The job fell back from queued provisioning to capacity of another kind: the
-            # request it made is withdrawn, so that no VMs are booked for pods that no
-            # longer come.
-            await self._withdraw(status.provisioning_request)
-            self.withdrawn = True
-        if mode.capacity != QUEUED or kueue_made or stopping or not target:
-            return mode
-        tries = status.provisioning_tries if status.attempt == target else 0
-        name = request_name(self.name, target, tries)
-        path = namespaced(self.namespace, PROVISIONING_REQUEST_PLURAL, group=PROVISIONING_GROUP)
-        if not is_claim(node_pool):
-            # The pool exists: the pods select it by name. The request's last word is
-            # read once more, for the status.
-            if status.provisioning_request == name and not status.provisioning_state.startswith(
-                "Provisioned"
-            ):
-                kind, message = request_state(await self.ctx.kube.get(f"{path}/{name}"))
-                self.provisioning = (name, tries, _words(kind, message))
-            return mode
-        found = await self.ctx.kube.get(f"{path}/{name}")
-        kind, message = request_state(found)
-        current = [p for p in pods if p.attempt == target and not p.deleting]
-        scheduled = len(current) == self.shape.hosts and all(p.node for p in current)
-        if found is None:
-            if state.to_create or current:
-                await self._make_request(name, target, node_pool, mode)
-            kind = "Pending"
-        elif kind == "Failed" or (kind in ("BookingExpired", "Revoked") and not scheduled):
-            backoff = min(PROVISIONING_RETRY_SECONDS * 2**tries, PROVISIONING_RETRY_MAX)
-            self.provisioning = (name, tries + 1, _words(kind, message))
-            self._event_later(
-                "Warning",
-                Reason.PROVISIONING_FAILED,
-                f"ProvisioningRequest {name}: {kind}: {message}; asking again in {backoff:.0f} s",
-            )
-            self._after(backoff)
-            return replace(mode, provisioning_request=name)
-        moved = [p for p in current if p.consumes != name and not p.node]
+        facts = provisioning_request.RequestFacts(
+            slice_name=self.name,
+            queued=mode.capacity == QUEUED,
+            kueue_made=contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST
+            in ((template_meta or {}).get("annotations") or {}),
+            stopping=stopping,
+            attempt=target,
+            recorded=status.provisioning_request,
+            recorded_state=status.provisioning_state,
+            tries=status.provisioning_tries if status.attempt == target else 0,
+            claim=is_claim(node_pool),
+            hosts=self.shape.hosts,
+            to_create=bool(state.to_create),
+            pods=pods,
+        )
+        name = provisioning_request.to_read(facts)
+        found = None
+        if name is not None:
+            path = namespaced(self.namespace, PROVISIONING_REQUEST_PLURAL, group=PROVISIONING_GROUP)
+            body = await self.ctx.kube.get(f"{path}/{name}")
+            found = request_state(body) if body is not None else None
+        plan = provisioning_request.decide(facts, found)
+        self.provisioning = plan.recorded
+        self.withdrawn = plan.withdraw is not None
+        if plan.failed:
+            self._event_later("Warning", Reason.PROVISIONING_FAILED, plan.failed)
+        if plan.recheck is not None:
+            self._after(plan.recheck)
+        return plan
+
+    async def _act_on_request(
+        self,
+        plan: provisioning_request.RequestPlan,
+        target: int,
+        node_pool: str | None,
+        mode: CapacityMode,
+    ) -> None:
+        """Withdraw, make and move what the committed plan says."""
+        if plan.withdraw is not None:
+            await self._withdraw(plan.withdraw)
+        if plan.make is not None:
+            await self._make_request(plan.make, target, node_pool, mode)
+        if plan.consume is None or not plan.move:
+            return
+        annotation = {contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST: plan.consume}
         await send_all(
             self.ctx.kube.merge_patch(
-                namespaced(self.namespace, "pods", p.name),
-                {
-                    "metadata": {
-                        "annotations": {contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST: name}
-                    }
-                },
+                namespaced(self.namespace, "pods", pod),
+                {"metadata": {"annotations": annotation}},
             )
-            for p in moved
+            for pod in plan.move
         )
-        self.provisioning = (name, tries, _words(kind, message))
-        if kind not in ("Provisioned",) or not scheduled:
-            self._after(PROVISIONING_POLL_SECONDS)
-        return replace(mode, provisioning_request=name)
 
     async def _withdraw(self, name: str) -> None:
         """Delete a ProvisioningRequest this slice made, and its PodTemplate. One that
@@ -576,28 +570,30 @@ class SliceRun:
 
     async def _dynamic_slice(
         self, target: int, release: bool, forming: bool
-    ) -> tuple[str | None, str]:
-        """Ironwood dynamic slicing (``placement/dynamic.py``): the GKE Slice of attempt
-        ``target`` once Ready (its name), or what the pods wait for. Deletes this slice's
-        Slices of other attempts (all of them when ``release``); forms the attempt's Slice
-        of free healthy partitions when ``forming`` and it does not exist."""
+    ) -> dynamic_slice.DynamicPlan:
+        """Ironwood dynamic slicing: this slice's GKE Slices read (and every Slice, when
+        the attempt's is to be formed) and decided (``policies/dynamic_slice.py``). What
+        the plan forms or deletes is done after the status is written
+        (``_act_on_dynamic_slices``)."""
         kube = self.ctx.kube
-        name = dynamic.slice_name(self.namespace, self.name, target)
-        mine: dict[str, dict[str, Any]] = {}
+        key = (self.namespace, self.name)
+        facts = dynamic_slice.DynamicFacts(
+            name=dynamic.slice_name(self.namespace, self.name, target),
+            mine={},
+            release=release,
+            forming=forming,
+            refused=self.ctx.refused_dynamic_slices.pop(key, ""),
+        )
         try:
             listed = await kube.request(
                 "GET",
                 SLICES_PATH,
                 query={"labelSelector": dynamic.owner_selector(self.namespace, self.name)},
             )
-            mine = {item["metadata"]["name"]: item for item in (listed or {}).get("items", [])}
-            for other in mine:
-                if release or other != name:
-                    await kube.delete(f"{SLICES_PATH}/{other}")
-            if release or not forming:
-                return None, ""
-            current = mine.get(name)
-            if current is None:
+            items = (listed or {}).get("items", [])
+            mine = {item["metadata"]["name"]: dynamic.slice_state(item) for item in items}
+            facts = replace(facts, mine=mine)
+            if dynamic_slice.needs_choice(facts):
                 everyone = await kube.request("GET", SLICES_PATH)
                 nodes = self.ctx.caches.tpu_nodes()
                 taken = dynamic.taken_partitions((everyone or {}).get("items", []))
@@ -606,29 +602,42 @@ class SliceRun:
                     dynamic.partitions(nodes, dynamic.level(self.shape)),
                     dynamic.busy_nodes(nodes, taken),
                 )
-                self._after(DYNAMIC_SLICE_RECHECK_SECONDS)
-                if choice.ids is None:
-                    return None, f"waiting for capacity to form a dynamic slice: {choice.message}"
-                body = dynamic.slice_body(name, self.shape, choice.ids, self.namespace, self.name)
-                await kube.create(SLICES_PATH, body)
-                return None, (
-                    f"waiting for GKE's slice controller to form Slice {name} of "
-                    f"{', '.join(choice.ids)}"
-                )
+                facts = replace(facts, choice=choice)
         except ApiError as exc:
-            self._after(DYNAMIC_SLICE_RECHECK_SECONDS)
-            return None, f"dynamic slicing: {exc.message or exc} (is the slice controller enabled?)"
-        found = dynamic.slice_state(current)
-        if found.ready:
-            return name, ""
-        self._after(DYNAMIC_SLICE_RECHECK_SECONDS)
-        if found.failed:
-            await kube.delete(f"{SLICES_PATH}/{name}")
-            return None, (
-                f"GKE could not form Slice {name} ({found.reason}: {found.message}); "
-                "forming it again"
+            facts = replace(facts, mine={}, unread=exc.message or str(exc))
+        plan = dynamic_slice.decide(facts)
+        if plan.recheck is not None:
+            self._after(plan.recheck)
+        self.dynamic_refused = facts.refused
+        return plan
+
+    async def _act_on_dynamic_slices(self, plan: dynamic_slice.DynamicPlan, target: int) -> None:
+        """Delete and form the GKE Slices the committed plan says. What the apiserver
+        refuses is said by the slice's next status (and tried again)."""
+        if not plan.delete and plan.form is None:
+            if self.dynamic_refused:
+                self._after(MIN_REQUEUE_SECONDS)  # the next status says what is true now
+            return
+        kube = self.ctx.kube
+        try:
+            for name in plan.delete:
+                await kube.delete(f"{SLICES_PATH}/{name}")
+            if plan.form is not None:
+                name = dynamic.slice_name(self.namespace, self.name, target)
+                body = dynamic.slice_body(name, self.shape, plan.form, self.namespace, self.name)
+                await kube.create(SLICES_PATH, body)
+        except ApiError as exc:
+            said = exc.message or str(exc)
+            log.warning(
+                "cannot form or delete a GKE Slice of %s/%s: %s", self.namespace, self.name, said
             )
-        return None, f"waiting for GKE's slice controller to form Slice {name} ({found.reason})"
+            self.ctx.refused_dynamic_slices[(self.namespace, self.name)] = said
+            self._after(dynamic_slice.RECHECK_SECONDS)
+            if said != self.dynamic_refused:
+                self._after(MIN_REQUEUE_SECONDS)  # the next status says it
+            return
+        if self.dynamic_refused:
+            self._after(MIN_REQUEUE_SECONDS)
 
     async def _create_pods(
         self,
