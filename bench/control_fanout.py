@@ -93,27 +93,26 @@ class GeneralClient:
     async def post(self, pod_uid: str, ip: str, path: str, payload: dict[str, object]) -> None:
         key = self.channel.key_for(JOB_UID)
         body = json.dumps(payload).encode()
-        nonce = supervision.new_nonce()
-        headers = {
-            "Authorization": supervision.sign(key, "POST", path, body, pod=pod_uid, nonce=nonce),
-            "Content-Type": "application/json",
-            "Accept-Encoding": "identity",
-        }
         url = f"http://{ip}:{self.channel.port}{path}"
-        async with (
-            self.limit,
-            self.session.post(
+        async with self.limit:
+            nonce = supervision.new_nonce()
+            signature = supervision.sign(key, "POST", path, body, pod=pod_uid, nonce=nonce)
+            headers = {
+                "Authorization": signature,
+                "Content-Type": "application/json",
+                "Accept-Encoding": "identity",
+            }
+            async with self.session.post(
                 url,
                 data=body,
                 headers=headers,
                 allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=self.channel.timeout),
-            ) as response,
-        ):
-            data = await response.content.read(self.channel.max_answer_bytes + 1)
-            answer = control.Answer(
-                response.status, response.headers.get(supervision.ANSWER_HEADER), data
-            )
+            ) as response:
+                data = await response.content.read(self.channel.max_answer_bytes + 1)
+                answer = control.Answer(
+                    response.status, response.headers.get(supervision.ANSWER_HEADER), data
+                )
         self.channel._parse(key, pod_uid, nonce, "POST", url, answer)
 
 
@@ -152,6 +151,19 @@ async def measure(count: int, reps: int) -> dict[str, object]:
     figures: dict[str, dict[str, list[float]]] = {
         v: {"stop_s": [], "start_s": [], "cpu_ms": []} for v in VARIANTS
     }
+    try:
+        await rounds(senders, figures, count, reps)
+    finally:
+        await general.session.close()
+    return {v: {k: summary(values) for k, values in f.items()} for v, f in figures.items()}
+
+
+async def rounds(
+    senders: dict[str, tuple[Send, Send]],
+    figures: dict[str, dict[str, list[float]]],
+    count: int,
+    reps: int,
+) -> None:
     attempt = 1
     for rep in range(reps):
         for variant in VARIANTS if rep % 2 == 0 else tuple(reversed(VARIANTS)):
@@ -168,8 +180,6 @@ async def measure(count: int, reps: int) -> dict[str, object]:
                 f"rep {rep + 1} {variant}: stops {stop_s:.2f} s, starts {start_s:.2f} s, "
                 f"{figures[variant]['cpu_ms'][-1]:.3f} ms CPU per request"
             )
-    await general.session.close()
-    return {v: {k: summary(values) for k, values in f.items()} for v, f in figures.items()}
 
 
 def main() -> None:

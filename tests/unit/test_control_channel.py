@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import re
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -324,3 +325,33 @@ async def _test_a_start_with_other_variables_is_never_sent() -> None:
 def test_text_from_a_pod_is_made_printable_and_short() -> None:
     assert printable("ok\x1b[31m\nforged log line") == "ok?[31m?forged log line"
     assert printable("x" * 500) == "x" * 200 + "..."
+
+
+def test_a_queued_command_is_signed_when_its_turn_comes() -> None:
+    asyncio.run(_test_a_queued_command_is_signed_when_its_turn_comes())
+
+
+async def _test_a_queued_command_is_signed_when_its_turn_comes() -> None:
+    """A supervisor takes a signature's timestamp within 30 s. A restart of thousands of
+    pods queues thousands of commands behind the job's share of the channel, so one signed
+    when queued could be stale by its turn: each is signed when it is sent. Here one
+    command in flight at a time, the first answered after 2.2 s: the second's timestamp is
+    from after that wait, not from when both were queued."""
+    stamps: list[int] = []
+    answered = signed_answer()
+
+    async def slow_first(
+        writer: asyncio.StreamWriter, headers: dict[str, str], body: bytes
+    ) -> None:
+        stamps.append(int(re.search(r"ts=(\d+)", headers["authorization"]).group(1)))  # type: ignore[union-attr]
+        if len(stamps) == 1:
+            await asyncio.sleep(2.2)
+        await answered(writer, headers, body)
+
+    async with Server(slow_first) as server:
+        control = channel(server.port, per_job=1)
+        try:
+            await asyncio.gather(*(control.status(JOB, POD, "127.0.0.1") for _ in range(2)))
+        finally:
+            await control.close()
+    assert len(stamps) == 2 and stamps[1] - stamps[0] >= 2, stamps

@@ -246,15 +246,17 @@ class ControlChannel:
         host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
         url = f"http://{host}:{self.port}{path}"
         key = self.key_for(job_uid)
-        nonce = supervision.new_nonce()
-        authorization = supervision.sign(key, method, path, body, pod=pod_uid, nonce=nonce)
-        request = (
-            f"{method} {path} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
-            f"Authorization: {authorization}\r\nContent-Type: application/json\r\n"
-            f"Accept-Encoding: identity\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n"
-        ).encode("latin-1") + body
         async with self._slot(job_uid):
+            # Signed once its turn came, not when queued: a supervisor takes a timestamp
+            # within 30 s, and a restart of thousands of pods queues thousands of commands.
+            nonce = supervision.new_nonce()
+            authorization = supervision.sign(key, method, path, body, pod=pod_uid, nonce=nonce)
+            request = (
+                f"{method} {path} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
+                f"Authorization: {authorization}\r\nContent-Type: application/json\r\n"
+                f"Accept-Encoding: identity\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n"
+            ).encode("latin-1") + body
             try:
                 async with asyncio.timeout(self.timeout):
                     answer = await self._send(pod_ip, request)
