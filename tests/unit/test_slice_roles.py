@@ -18,6 +18,12 @@ pytestmark = pytest.mark.unit
 
 
 def role(cluster: FakeCluster, name: str) -> SliceRole:
+    found = role_or_none(cluster, name)
+    assert found is not None
+    return found
+
+
+def role_or_none(cluster: FakeCluster, name: str) -> SliceRole | None:
     body = cluster.slice(name)
     spec = TPUSliceSpec.model_validate(body["spec"])
     return role_of(cluster.ctx, body, spec, spec.resolve())
@@ -97,3 +103,14 @@ def test_only_a_standalone_slice_allocates_a_pool_or_waits_for_one():
     cluster.add_pool("p2", *V5P, hosts=2)
     cluster._index()  # the caches as the watches would have them now
     assert alone.pool(TPUSliceStatus(), stopping=False).name == "p2"
+
+
+def test_a_jobs_slice_whose_job_is_gone_has_no_role():
+    """The garbage collector removes it and its pods; nothing reconciles it meanwhile."""
+    cluster = FakeCluster()
+    cluster.apply_job("j", job_spec())
+    cluster.settle()
+    assert role_or_none(cluster, "j-0") is not None
+    cluster.delete_job("j", collect=False)
+    cluster.reconcile_job("j")  # its deletion's event reaches the caches
+    assert role_or_none(cluster, "j-0") is None

@@ -37,11 +37,12 @@ from tpu_operator.reconcile.context import Context
 from tpu_operator.reconcile.pools import (
     choose_pools,
     job_holder,
+    machine_for,
     resolve_claims,
     slice_holder,
     slice_pool_values,
 )
-from tpu_operator.runtime.ownership import slice_job_name
+from tpu_operator.runtime.ownership import owned_by, slice_job_name
 from tpu_operator.state.views import PodView
 
 
@@ -279,9 +280,23 @@ class StandaloneSlice(SliceRole):
         return self.service_conflict() != known
 
 
-def role_of(ctx: Context, body: dict[str, Any], spec: TPUSliceSpec, shape: SliceShape) -> SliceRole:
-    """The role of the slice ``body``: its job's child, or standalone."""
+def role_of(
+    ctx: Context, body: dict[str, Any], spec: TPUSliceSpec, shape: SliceShape
+) -> SliceRole | None:
+    """The role of the slice ``body``: its job's child, or standalone; None for a child
+    whose job is gone or being deleted (the garbage collector removes the slice and its
+    pods; it creates nothing in the meantime, and its pool stays held by its record and
+    its pods: ``reconcile/pools.py``).
+
+    A standalone slice's shape is the one ``spec`` resolves to with its machine type
+    decided (a topology that fits two machine types is decided once and recorded); a
+    job's child takes the shape its job decided."""
     job = slice_job_name(body)
     if job is None:
+        recorded = (body.get("status") or {}).get("shape")
+        holder = slice_holder(body["metadata"]["namespace"], body["metadata"]["name"])
+        shape = machine_for(ctx, holder, spec, shape, spec.placement, recorded).shape
         return StandaloneSlice(ctx, body, spec, shape)
+    if not owned_by(ctx.caches.job(body["metadata"]["namespace"], job), body):
+        return None
     return OwnedSlice(ctx, body, spec, shape, job)

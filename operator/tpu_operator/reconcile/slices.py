@@ -57,7 +57,7 @@ from tpu_operator.api.status import TERMINAL_PHASES, ConditionType, Phase, Reaso
 from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
 from tpu_operator.builders.supervision import Supervision
 from tpu_operator.builders.wiring import PodWiring, Ports
-from tpu_operator.catalog import CatalogError, SliceShape
+from tpu_operator.catalog import CatalogError
 from tpu_operator.placement import dynamic
 from tpu_operator.placement.capacity import (
     PROVISIONING_REQUEST_API,
@@ -80,13 +80,11 @@ from tpu_operator.reconcile.context import (
 )
 from tpu_operator.reconcile.pools import (
     claim_toleration_value,
-    machine_for,
     slice_holder,
 )
-from tpu_operator.reconcile.slice_roles import role_of
+from tpu_operator.reconcile.slice_roles import SliceRole, role_of
 from tpu_operator.runtime.caches import slice_sharing
 from tpu_operator.runtime.kube import ApiError, namespaced, send_all
-from tpu_operator.runtime.ownership import owned_by, slice_job_name
 from tpu_operator.state.gang import (
     GangState,
     Member,
@@ -168,18 +166,10 @@ class SliceReconciler:
         except (ValidationError, CatalogError) as exc:
             await mark_invalid(self.ctx, body, contract.SLICE_PLURAL, exc)
             return None
-        job = slice_job_name(body)
-        if job is not None and not owned_by(ctx.caches.job(namespace, job), body):
-            # Its job is gone or being deleted: the garbage collector removes the slice and
-            # its pods. It creates nothing in the meantime (its pool stays held by its
-            # record and its pods: reconcile/pools.py).
+        role = role_of(ctx, body, spec, shape)
+        if role is None:  # its job is gone or being deleted
             return None
-        if job is None:
-            # A standalone slice decides the machine type of a shape that fits two once.
-            recorded = (body.get("status") or {}).get("shape")
-            holder = slice_holder(namespace, name)
-            shape = machine_for(ctx, holder, spec, shape, spec.placement, recorded).shape
-        return await SliceRun(ctx, body, spec, shape).reconcile()
+        return await SliceRun(ctx, body, spec, role).reconcile()
 
 
 async def release_dynamic_slices(ctx: Context, namespace: str, name: str) -> float | None:
@@ -206,13 +196,13 @@ class SliceRun:
     """One reconcile of one slice."""
 
     def __init__(
-        self, ctx: Context, body: dict[str, Any], spec: TPUSliceSpec, shape: SliceShape
+        self, ctx: Context, body: dict[str, Any], spec: TPUSliceSpec, role: SliceRole
     ) -> None:
         self.ctx = ctx
         self.body = body
         self.spec = spec
-        self.shape = shape
-        self.role = role_of(ctx, body, spec, shape)
+        self.shape = role.shape
+        self.role = role
         """What differs between a job's slice and a standalone one (``slice_roles.py``)."""
         self.namespace = self.role.namespace
         self.name = self.role.name
