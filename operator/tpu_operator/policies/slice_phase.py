@@ -21,17 +21,19 @@ In order, the first that applies:
    for a while does not send a running slice back to ``Starting``.
 
 Pure: the reconciler (``reconcile/slices.py``) gathers ``SliceFacts`` and writes what
-``decide`` returns into the slice's status.
+``decide`` returns into the slice's status, with the message ``said`` and the three
+conditions ``conditions`` derives from the phase.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Any
 
 from tpu_operator.api.common import Failure
-from tpu_operator.api.conditions import stamp
-from tpu_operator.api.status import TERMINAL_PHASES, Phase, Reason
+from tpu_operator.api.conditions import set_condition, stamp
+from tpu_operator.api.status import TERMINAL_PHASES, ConditionType, Phase, Reason
 from tpu_operator.state.gang import GangState, WorkerFailure, scheduler_wait
 
 
@@ -192,3 +194,53 @@ def said(phase: Phase, message: str, conflict: str, provisioning: str) -> str:
     if provisioning and phase in (Phase.PENDING, Phase.STARTING):
         message += f"; {provisioning}"
     return message
+
+
+def conditions(
+    previous: list[dict[str, Any]],
+    *,
+    phase: Phase,
+    message: str,
+    refused: Reason | None,
+    suspend: bool,
+    active_pods: int,
+    terminating_pods: int,
+    now: dt.datetime,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """The slice's conditions after ``previous`` (wire form): ``Ready`` while Running (its
+    reason the refusal that keeps pods from being created, if any, else the phase),
+    ``Suspended`` as the spec says, and, once suspended or ended, ``PodsStopped`` until no
+    pod is left (a pod not yet marked for deletion or terminating keeps it False)."""
+    result = set_condition(
+        previous,
+        ConditionType.READY,
+        phase == Phase.RUNNING,
+        refused or phase,
+        message,
+        at=now,
+        generation=generation,
+    )
+    result = set_condition(
+        result,
+        ConditionType.SUSPENDED,
+        suspend,
+        Reason.SUSPENDED if suspend else Reason.ACTIVE,
+        "",
+        at=now,
+        generation=generation,
+    )
+    if not suspend and phase not in TERMINAL_PHASES:
+        return result
+    left = active_pods + terminating_pods
+    return set_condition(
+        result,
+        ConditionType.PODS_STOPPED,
+        not left,
+        Reason.PODS_STOPPING if left else Reason.ALL_PODS_STOPPED,
+        f"{active_pods} pods not yet marked for deletion, {terminating_pods} terminating"
+        if left
+        else "no pod of the slice is left",
+        at=now,
+        generation=generation,
+    )

@@ -50,7 +50,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tpu_operator import contract
-from tpu_operator.api.conditions import parse, set_condition, stamp
+from tpu_operator.api.conditions import parse, stamp
 from tpu_operator.api.policy import FailurePolicy
 from tpu_operator.api.slice import TPUSliceSpec, TPUSliceStatus
 from tpu_operator.api.status import TERMINAL_PHASES, ConditionType, Phase, Reason, ResolvedShape
@@ -831,40 +831,17 @@ class SliceRun:
         message = slice_phase.said(phase, message, self.role.service_conflict(), provisioning)
         status.phase = phase
         status.message = message
-        generation = self.body["metadata"].get("generation")
-        conditions = [c.wire() for c in status.conditions]
-        conditions = set_condition(
-            conditions,
-            ConditionType.READY,
-            phase == Phase.RUNNING,
-            self.create_reason or phase,
-            message,
-            at=self.now,
-            generation=generation,
+        conditions = slice_phase.conditions(
+            [c.wire() for c in status.conditions],
+            phase=phase,
+            message=message,
+            refused=self.create_reason,
+            suspend=spec.suspend,
+            active_pods=status.active_pods,
+            terminating_pods=status.terminating_pods,
+            now=self.now,
+            generation=self.body["metadata"].get("generation"),
         )
-        conditions = set_condition(
-            conditions,
-            ConditionType.SUSPENDED,
-            spec.suspend,
-            Reason.SUSPENDED if spec.suspend else Reason.ACTIVE,
-            "",
-            at=self.now,
-            generation=generation,
-        )
-        if spec.suspend or phase in TERMINAL_PHASES:
-            stopping_pods = status.active_pods + status.terminating_pods
-            conditions = set_condition(
-                conditions,
-                ConditionType.PODS_STOPPED,
-                not stopping_pods,
-                Reason.PODS_STOPPING if stopping_pods else Reason.ALL_PODS_STOPPED,
-                f"{status.active_pods} pods not yet marked for deletion, "
-                f"{status.terminating_pods} terminating"
-                if stopping_pods
-                else "no pod of the slice is left",
-                at=self.now,
-                generation=generation,
-            )
         result = status.wire()
         result["conditions"] = conditions
         return result

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tpu_operator.api.status import Phase, Reason
-from tpu_operator.policies.slice_phase import PodRefusal, SliceFacts, decide, said
+from tpu_operator.policies.slice_phase import PodRefusal, SliceFacts, conditions, decide, said
 from tpu_operator.state.gang import GangState, Member, Outcome, Unseen, WorkerFailure
 
 pytestmark = pytest.mark.unit
@@ -297,3 +297,120 @@ def test_the_message_says_a_service_conflict_and_the_provisioning_request(
     phase, message, conflict, provisioning, expected
 ):
     assert said(phase, message, conflict, provisioning) == expected
+
+
+EARLIER = "2026-01-01T00:00:00Z"
+
+
+def wire(type_: str, status: str, reason: str, message: str = "") -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": EARLIER,
+        "observedGeneration": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("given", "previous", "expected"),
+    [
+        pytest.param(
+            {"phase": Phase.RUNNING},
+            [],
+            {"Ready": ("True", "Running", "up"), "Suspended": ("False", "Active", "")},
+            id="running",
+        ),
+        pytest.param(
+            {"phase": Phase.PENDING, "refused": Reason.PODS_FORBIDDEN},
+            [],
+            {"Ready": ("False", "PodsForbidden", "up"), "Suspended": ("False", "Active", "")},
+            id="pods-refused-name-the-reason",
+        ),
+        pytest.param(
+            {"phase": Phase.SUSPENDED, "suspend": True, "active": 2, "terminating": 1},
+            [],
+            {
+                "Ready": ("False", "Suspended", "up"),
+                "Suspended": ("True", "Suspended", ""),
+                "PodsStopped": (
+                    "False",
+                    "PodsStopping",
+                    "2 pods not yet marked for deletion, 1 terminating",
+                ),
+            },
+            id="suspended-with-pods-left",
+        ),
+        pytest.param(
+            {"phase": Phase.SUCCEEDED},
+            [],
+            {
+                "Ready": ("False", "Succeeded", "up"),
+                "Suspended": ("False", "Active", ""),
+                "PodsStopped": ("True", "AllPodsStopped", "no pod of the slice is left"),
+            },
+            id="ended-nothing-left",
+        ),
+        pytest.param(
+            {"phase": Phase.FAILED, "terminating": 4},
+            [],
+            {
+                "Ready": ("False", "Failed", "up"),
+                "Suspended": ("False", "Active", ""),
+                "PodsStopped": (
+                    "False",
+                    "PodsStopping",
+                    "0 pods not yet marked for deletion, 4 terminating",
+                ),
+            },
+            id="ended-pods-terminating",
+        ),
+    ],
+)
+def test_the_conditions_of_a_slice(given, previous, expected):
+    found = conditions(
+        previous,
+        phase=given["phase"],
+        message="up",
+        refused=given.get("refused"),
+        suspend=given.get("suspend", False),
+        active_pods=given.get("active", 0),
+        terminating_pods=given.get("terminating", 0),
+        now=NOW,
+        generation=2,
+    )
+    assert {c["type"]: (c["status"], c["reason"], c["message"]) for c in found} == expected
+    assert {c["observedGeneration"] for c in found} == {2}
+
+
+def test_a_condition_keeps_its_transition_time_while_its_status_holds():
+    previous = [wire("Ready", "True", "Running"), wire("Suspended", "False", "Active")]
+    kept = conditions(
+        previous,
+        phase=Phase.RUNNING,
+        message="still up",
+        refused=None,
+        suspend=False,
+        active_pods=0,
+        terminating_pods=0,
+        now=NOW,
+        generation=2,
+    )
+    assert [c["lastTransitionTime"] for c in kept] == [EARLIER, EARLIER]
+    flipped = conditions(
+        previous,
+        phase=Phase.RESTARTING,
+        message="",
+        refused=None,
+        suspend=True,
+        active_pods=0,
+        terminating_pods=0,
+        now=NOW,
+        generation=2,
+    )
+    assert {c["type"]: c["lastTransitionTime"] for c in flipped} == {
+        "Ready": "2026-01-01T00:01:00Z",
+        "Suspended": "2026-01-01T00:01:00Z",
+        "PodsStopped": "2026-01-01T00:01:00Z",
+    }
