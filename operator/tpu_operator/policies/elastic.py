@@ -15,7 +15,9 @@ dropped slices back when it can.
 
 Growing back happens while the smaller attempt runs (``grow``): once each dropped slice
 has a healthy pool again (its own, healed, or a free one of its shape), the workers are
-asked to checkpoint (as for a maintenance notice, ``notices.py``), and once worker 0
+asked to checkpoint (as for a maintenance notice, ``notices.py``; asked again under the
+same id while the checkpoint is not written, so that a request an operator committed but
+died before sending is still sent), and once worker 0
 reports the checkpoint written (or ``CHECKPOINT_WAIT_SECONDS`` passed) the job restarts on
 all its slices: a restart not counted against ``maxRestarts`` (reason
 ``SlicesRestored``). The capacity missing while it runs smaller is booked in goodput as
@@ -181,14 +183,7 @@ def grow(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
             requested_at=stamp(plan.now), checkpoint_save_seconds=notices.checkpoint_seconds(facts)
         )
         status.checkpoint_requests += 1
-        back = [d.index for d in status.dropped_slices]
-        note = (
-            f"attempt {attempt}: a healthy node pool is there for slice"
-            + ("s " if len(back) > 1 else " ")
-            + ", ".join(str(i) for i in back)
-            + f" again: asking the {facts.total_workers} "
-            f"workers to checkpoint before growing back to {facts.spec.num_slices} slices"
-        )
+        note = _checkpoint_note(facts, plan, attempt)
         plan.checkpoint_for = [f"{note} at {status.grow_back.requested_at}"]
         plan.event("Normal", Reason.CHECKPOINT_REQUESTED, note)
         plan.after(CHECKPOINT_POLL_SECONDS)
@@ -201,9 +196,27 @@ def grow(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
             saved_before=grow_back.checkpoint_save_seconds,
             saved_now=notices.checkpoint_seconds(facts),
         ):
+            # The request again, under the same id (its supervisors acknowledge a repeated
+            # one without asking again): the operator that committed it may have died
+            # before asking, or some supervisor may not have answered.
+            note = _checkpoint_note(facts, plan, attempt)
+            plan.checkpoint_for = [f"{note} at {grow_back.requested_at}"]
             plan.after(CHECKPOINT_POLL_SECONDS)
             return
     _restart_full(facts, plan, world, attempt, pools)
+
+
+def _checkpoint_note(facts: JobFacts, plan: Plan, attempt: int) -> str:
+    """The checkpoint request of a job growing back, in words (the same on every
+    reconcile of the attempt: the request's id derives from it)."""
+    back = [d.index for d in plan.status.dropped_slices]
+    return (
+        f"attempt {attempt}: a healthy node pool is there for slice"
+        + ("s " if len(back) > 1 else " ")
+        + ", ".join(str(i) for i in back)
+        + f" again: asking the {facts.total_workers} "
+        f"workers to checkpoint before growing back to {facts.spec.num_slices} slices"
+    )
 
 
 def _restart_full(

@@ -539,6 +539,8 @@ class JobRun:
             attempt=self.plan.status.attempt,
             request_id=hashlib.sha256(notices[-1].encode()).hexdigest()[:16],
         )
+        if not asked:
+            return  # every worker had acknowledged it (or none could be asked now)
         log.info(
             "%s: asked %d workers to checkpoint (%s)",
             self.facts.holder,

@@ -135,6 +135,9 @@ class Supervisors:
     _fallbacks: dict[tuple[str, int], str] = field(default_factory=dict)
     _done: dict[str, int] = field(default_factory=dict)
     """The last attempt each job's in-place restart started in every pod that stays."""
+    _checkpointed: dict[str, tuple[str, set[str]]] = field(default_factory=dict)
+    """Each job's last checkpoint request (its id) and the pods (UIDs) that acknowledged
+    it."""
 
     def _now(self) -> float:
         return float(self.clock())  # type: ignore[operator]
@@ -222,6 +225,7 @@ class Supervisors:
     def forget_job(self, job_uid: str) -> None:
         """Drop what is kept of a job that restarts no more (finished or deleted)."""
         self._done.pop(job_uid, None)
+        self._checkpointed.pop(job_uid, None)
         for table in (self._started, self._stopped, self._fallbacks):
             for key in [k for k in table if k[0] == job_uid]:
                 del table[key]
@@ -351,8 +355,19 @@ class Supervisors:
     ) -> int:
         """Ask every running training process of ``attempt`` to checkpoint now (the
         supervisors acknowledge a repeated ``request_id`` without asking again); how many
-        were asked."""
-        targets = [p for p in pods if p.attempt == attempt and p.ready and not p.deleting]
+        were asked. A request repeated goes only to the pods that have not acknowledged it
+        (this operator's memory: its successor asks them all again)."""
+        last, acknowledged = self._checkpointed.get(job_uid, ("", set()))
+        if last != request_id:
+            acknowledged = set()
+            self._checkpointed[job_uid] = (request_id, acknowledged)
+        targets = [
+            p
+            for p in pods
+            if p.attempt == attempt and p.ready and not p.deleting and p.uid not in acknowledged
+        ]
+        if not targets:
+            return 0
         results = await asyncio.gather(
             *(
                 self.channel.checkpoint(job_uid, p.uid, p.pod_ip, attempt, request_id)
@@ -367,5 +382,6 @@ class Supervisors:
             elif isinstance(result, BaseException):
                 raise result
             else:
+                acknowledged.add(pod.uid)
                 asked += 1
         return asked

@@ -255,6 +255,10 @@ def test_growing_back_after_the_checkpoint(now, before, saved, grows):
     status = plan.status
     if not grows:
         assert status.attempt == 2 and plan.events == [] and plan.requeue is not None
+        # The request again, word for word (the same id: asked of a worker once), in case
+        # it was not sent; counted once.
+        assert plan.checkpoint_for == _grow(degraded(), World()).checkpoint_for
+        assert status.checkpoint_requests == 0
         return
     assert status.attempt == 3 and status.phase == Phase.RESTARTING
     assert status.dropped_slices == [] and status.active_slices == 3
