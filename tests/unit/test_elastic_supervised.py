@@ -12,42 +12,16 @@ from tests.unit.fakeapi import FakeCluster
 from tests.unit.test_inplace_reconciler import (
     V5P,
     Checkpoints,
+    Dying,
+    Killed,
     job_spec,
     start_processes,
+    supervised,
 )
 from tpu_operator.policies import elastic
 from tpu_operator.reconcile.supervisors import Supervisors
-from tpu_operator.runtime.control import ProcessState
 
 pytestmark = pytest.mark.unit
-
-
-class Killed(Exception):
-    """The operator's process ends here."""
-
-
-class Dying(Checkpoints):
-    """Supervisors, and an operator that dies the moment it would ask one (``killing``)."""
-
-    killing = False
-
-    async def checkpoint(
-        self, job_uid: str, pod_uid: str, ip: str | None, attempt: int, request_id: str
-    ) -> ProcessState:
-        if self.killing:
-            raise Killed
-        return await super().checkpoint(job_uid, pod_uid, ip, attempt, request_id)
-
-
-def supervised(cluster: FakeCluster) -> Dying:
-    """A fresh operator's memory of the supervisors (as after a restart of the operator)."""
-    channel = Dying(cluster)
-    cluster.ctx.supervisors = Supervisors(
-        channel,  # type: ignore[arg-type]
-        cluster,  # type: ignore[arg-type]
-        clock=lambda: cluster.monotonic,
-    )
-    return channel
 
 
 def degraded_job(cluster: FakeCluster) -> tuple[Dying, str]:

@@ -549,6 +549,34 @@ class Checkpoints(FakeChannel):
         return self.processes[ip]
 
 
+class Killed(Exception):
+    """The operator's process ends here."""
+
+
+class Dying(Checkpoints):
+    """Supervisors, and an operator that dies the moment it would ask one (``killing``)."""
+
+    killing = False
+
+    async def checkpoint(
+        self, job_uid: str, pod_uid: str, ip: str | None, attempt: int, request_id: str
+    ) -> ProcessState:
+        if self.killing:
+            raise Killed
+        return await super().checkpoint(job_uid, pod_uid, ip, attempt, request_id)
+
+
+def supervised(cluster: FakeCluster) -> Dying:
+    """A fresh operator's memory of the supervisors (as after a restart of the operator)."""
+    channel = Dying(cluster)
+    cluster.ctx.supervisors = Supervisors(
+        channel,  # type: ignore[arg-type]
+        cluster,  # type: ignore[arg-type]
+        clock=lambda: cluster.monotonic,
+    )
+    return channel
+
+
 def test_a_maintenance_notice_asks_every_worker_to_checkpoint_once():
     cluster = FakeCluster()
     channel = Checkpoints(cluster)
@@ -591,6 +619,48 @@ def test_a_maintenance_notice_asks_every_worker_to_checkpoint_once():
     cluster.settle()
     assert len(channel.asked) == 4
     assert cluster.job("j")["status"]["checkpointRequests"] == 2
+
+
+@pytest.mark.parametrize("lost", ["operator killed before asking", "a worker unreachable"])
+def test_a_maintenance_notice_request_not_delivered_is_sent_again(lost):
+    """The request is committed with the notice, then sent; an operator that dies in
+    between, or a supervisor that does not answer, must not leave a worker unasked while
+    the notice stands (the notice is remembered: it is never new again)."""
+    cluster = FakeCluster()
+    channel = supervised(cluster)
+    running_job(cluster, channel, monitoring={"enabled": False})
+    node = cluster.pods("j")["j-0-0"]["spec"]["nodeName"]
+    missed = cluster.pods("j")["j-0-1"]["status"]["podIP"]
+    cluster.objects[f"/api/v1/nodes/{node}"]["metadata"]["labels"][
+        "cloud.google.com/scheduled-maintenance-time"
+    ] = "1795399137"
+    cluster.advance(1)
+    if lost == "operator killed before asking":
+        channel.killing = True
+        with pytest.raises(Killed):
+            cluster.reconcile_job("j")
+        assert channel.asked == []
+        processes = channel.processes
+        channel = supervised(cluster)  # its successor, to the same supervisors
+        channel.processes = processes
+    else:
+        channel.unreachable.add(missed)
+        cluster.reconcile_job("j")
+        assert [ip for ip, _ in channel.asked] != [] and missed not in dict(channel.asked)
+        channel.unreachable.clear()
+    assert cluster.job("j")["status"]["checkpointRequests"] == 1
+    cluster.advance(2)
+    cluster.settle()
+    # Every worker asked, under the one id; counted and said once.
+    assert sorted(ip for ip, _ in channel.asked) == sorted(
+        p["status"]["podIP"] for p in cluster.pods("j").values()
+    )
+    assert len({r for _, r in channel.asked}) == 1
+    cluster.advance(5)
+    cluster.settle()
+    assert len(channel.asked) == 2  # not again once every worker acknowledged it
+    assert cluster.job("j")["status"]["checkpointRequests"] == 1
+    assert cluster.recorded.reasons("j").count("CheckpointRequested") == 1
 
 
 def test_a_pod_lost_in_one_slice_recreates_that_slice_and_restarts_the_other_in_place():

@@ -70,7 +70,11 @@ _NODE_DETAIL = re.compile(r" since [^\s)]+| at \d{4}-\d\d-\d\dT[^\s)]+")
 def checkpoint_on_notices(facts: JobFacts, plan: Plan, world: World, attempt: int) -> None:
     """New notices on the nodes of ``attempt``'s pods: remembered (one entry per kind of
     notice and attempt, however many nodes have it), and a checkpoint asked of the workers
-    after the status write (``plan.checkpoint_for``)."""
+    after the status write (``plan.checkpoint_for``). While a remembered notice is still on
+    a node of the attempt's pods, the latest request is asked again under its id (the
+    supervisors acknowledge a repeated id without asking twice, and this operator sends it
+    only to those that have not acknowledged it): the operator that committed it may have
+    died before asking, or a supervisor may not have answered."""
     status = plan.status
     noticed = {**termination_notices(facts, plan, world), **world.noticed_nodes()}
     if facts.monitoring.enabled and (facts.track is None or facts.track.step is None):
@@ -79,11 +83,12 @@ def checkpoint_on_notices(facts: JobFacts, plan: Plan, world: World, attempt: in
         return
     seen = set(status.disruption_notices)
     found: dict[str, list[tuple[str, str]]] = {}
+    still = False
     # From the few noticed nodes to their pods, not from every pod of the job to its
     # node: this runs on each reconcile of a running job of up to 12,736 pods.
     for node, notice in sorted(noticed.items()):
         key = f"attempt {attempt}: {kind_of(notice)}"
-        if key in seen:
+        if key in seen and still:
             continue
         if any(
             p.job_owned
@@ -92,8 +97,15 @@ def checkpoint_on_notices(facts: JobFacts, plan: Plan, world: World, attempt: in
             and p.job_name == facts.name
             for p in world.pods_on_node(node)
         ):
-            found.setdefault(key, []).append((node, notice))
+            if key in seen:
+                still = True
+            else:
+                found.setdefault(key, []).append((node, notice))
     if not found:
+        if still:
+            prefix = f"attempt {attempt}: "
+            latest = [n for n in status.disruption_notices if n.startswith(prefix)]
+            plan.checkpoint_for = latest[-1:]
         return
     new = list(found)
     status.disruption_notices = [*status.disruption_notices, *new][-MAX_NOTICES:]

@@ -38,22 +38,28 @@ def training() -> JobTrack:
     return track
 
 
+NOTICE = "attempt 1: maintenance at 12:00"
+
+
 @pytest.mark.parametrize(
-    ("on_node", "seen", "track", "asked"),
+    ("on_node", "seen", "track", "asked", "sent"),
     [
-        ([worker(1)], [], training(), True),
-        ([worker(1)], ["attempt 1: maintenance at 12:00"], training(), False),  # asked once
-        ([worker(0)], [], training(), False),  # a pod of another attempt
-        ([worker(1, "k")], [], training(), False),  # another job's pod
-        ([worker(1)], [], None, False),  # not training yet: asked once it is
+        ([worker(1)], [], training(), True, [NOTICE]),
+        # Asked once: counted and said once; while it stands, the same request (its id
+        # is the notice's) goes again to the workers that did not acknowledge it.
+        ([worker(1)], [NOTICE], training(), False, [NOTICE]),
+        ([worker(0)], [NOTICE], training(), False, []),  # stands on another attempt's pod
+        ([worker(0)], [], training(), False, []),  # a pod of another attempt
+        ([worker(1, "k")], [], training(), False, []),  # another job's pod
+        ([worker(1)], [], None, False, []),  # not training yet: asked once it is
     ],
 )
-def test_a_new_notice_asks_for_one_checkpoint(on_node, seen, track, asked):
+def test_a_new_notice_asks_for_one_checkpoint(on_node, seen, track, asked, sent):
     job = facts(recorded={"attempt": 1, "disruptionNotices": seen}, track=track)
     plan = plan_of(job)
     world = World(noticed={"n0": "maintenance at 12:00"}, on_node={"n0": on_node})
     notices.checkpoint_on_notices(job, plan, world, 1)
-    assert bool(plan.checkpoint_for) is asked
+    assert plan.checkpoint_for == sent
     assert plan.status.checkpoint_requests == int(asked)
     assert reasons(plan) == (["CheckpointRequested"] if asked else [])
 
@@ -109,7 +115,10 @@ def test_a_termination_notice_is_asked_once():
     )
     second = plan_of(again)
     notices.checkpoint_on_notices(again, second, world, 1)
-    assert first.checkpoint_for and not second.checkpoint_for
+    # Counted and said once; sent again under the same id while it stands.
+    assert first.checkpoint_for and second.checkpoint_for == first.checkpoint_for
+    assert (first.status.checkpoint_requests, second.status.checkpoint_requests) == (1, 0)
+    assert (reasons(first), reasons(second)) == (["CheckpointRequested"], [])
 
 
 def test_a_notice_on_every_node_of_a_large_slice_asks_once():
@@ -122,14 +131,16 @@ def test_a_notice_on_every_node_of_a_large_slice_asks_once():
     on_node = {n: [worker(1)] for n in nodes}
     world = World(noticed=nodes, on_node=on_node)
     recorded: dict = {"attempt": 1, "disruptionNotices": []}
-    asked = 0
+    asked, sent = 0, []
     for _ in range(3):
         job = facts(recorded=recorded, track=training())
         plan = plan_of(job)
         notices.checkpoint_on_notices(job, plan, world, 1)
-        asked += bool(plan.checkpoint_for)
+        asked += plan.status.checkpoint_requests
+        sent.append(plan.checkpoint_for)
         recorded = {"attempt": 1, "disruptionNotices": plan.status.disruption_notices}
     assert asked == 1
+    assert sent == [["attempt 1: impending termination (taint t)"]] * 3  # one id throughout
     assert recorded["disruptionNotices"] == ["attempt 1: impending termination (taint t)"]
 
 
