@@ -1,8 +1,8 @@
 """The control channel's fan-out: one stop and one start to each of N supervisors, as an
 in-place or mixed restart sends them, with the operator's client
-(``runtime/control.ControlChannel``: plain HTTP/1.1 on asyncio streams) against a general
-HTTP client (aiohttp, one connection per request, as the channel used before) side by
-side, interleaved, in one run.
+(``runtime/control.ControlChannel``: plain HTTP/1.1 on asyncio streams) against the same
+channel with aiohttp's client for its transport (a connection per request, as the channel
+was before: ``AiohttpChannel``) side by side, interleaved, in one run.
 
 The supervisors are the benchmarks' stand-in (``standin_supervisor.StandIn``: the real
 supervisor's protocol, HMAC-verified and signed answers) in a process of their own, each
@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 from harness import fmt, say, summary, table, write_results
@@ -76,44 +77,65 @@ def cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-class GeneralClient:
-    """The same signed requests through aiohttp's client (a connection per request, no
-    decompression, no redirect, the answer read up to the cap), answers checked by the
-    channel's own ``_parse``."""
+class AiohttpChannel(control.ControlChannel):
+    """The channel with aiohttp's client for its transport, as it was before: the same
+    signing, shares of the channel, timeout and checks of the answer (``_parse``); the
+    request through a session with a connection per request, no decompression, no
+    redirect, the body read in chunks up to the cap."""
 
-    def __init__(self, channel: control.ControlChannel) -> None:
-        self.channel = channel
+    def __init__(self, master_key: bytes) -> None:
+        super().__init__(master_key)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=True),
             trust_env=False,
             auto_decompress=False,
         )
-        self.limit = asyncio.Semaphore(control.PER_JOB)
 
-    async def post(self, pod_uid: str, ip: str, path: str, payload: dict[str, object]) -> None:
-        key = self.channel.key_for(JOB_UID)
-        body = json.dumps(payload).encode()
-        url = f"http://{ip}:{self.channel.port}{path}"
-        async with self.limit:
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def _request(
+        self,
+        job_uid: str,
+        pod_uid: str,
+        pod_ip: str | None,
+        method: str,
+        path: str,
+        payload: dict[str, Any] | None,
+    ) -> control.ProcessState:
+        assert pod_ip
+        body = json.dumps(payload).encode() if payload is not None else b""
+        url = f"http://{pod_ip}:{self.port}{path}"
+        key = self.key_for(job_uid)
+        async with self._slot(job_uid):
             nonce = supervision.new_nonce()
-            signature = supervision.sign(key, "POST", path, body, pod=pod_uid, nonce=nonce)
             headers = {
-                "Authorization": signature,
+                "Authorization": supervision.sign(
+                    key, method, path, body, pod=pod_uid, nonce=nonce
+                ),
                 "Content-Type": "application/json",
                 "Accept-Encoding": "identity",
             }
-            async with self.session.post(
-                url,
-                data=body,
-                headers=headers,
-                allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=self.channel.timeout),
-            ) as response:
-                data = await response.content.read(self.channel.max_answer_bytes + 1)
+            async with (
+                asyncio.timeout(self.timeout),
+                self.session.request(
+                    method,
+                    url,
+                    data=body or None,
+                    headers=headers,
+                    allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=self.timeout),
+                ) as response,
+            ):
+                data = bytearray()
+                async for chunk in response.content.iter_any():
+                    data += chunk
+                    if len(data) > self.max_answer_bytes:
+                        raise control.ControlError("the answer passed the cap")
                 answer = control.Answer(
-                    response.status, response.headers.get(supervision.ANSWER_HEADER), data
+                    response.status, response.headers.get(supervision.ANSWER_HEADER), bytes(data)
                 )
-        self.channel._parse(key, pod_uid, nonce, "POST", url, answer)
+        return self._parse(key, pod_uid, nonce, method, url, answer)
 
 
 Send = Callable[[int, int], Awaitable[object]]
@@ -132,21 +154,13 @@ async def round_of(count: int, send: Send, attempt: int) -> tuple[float, float, 
 
 
 async def measure(count: int, reps: int) -> dict[str, object]:
-    channel = control.ControlChannel(MASTER)
-    general = GeneralClient(channel)
+    channels = {"channel": control.ControlChannel(MASTER), "aiohttp": AiohttpChannel(MASTER)}
     senders: dict[str, tuple[Send, Send]] = {
-        "channel": (
-            lambda i, a: channel.stop(JOB_UID, f"uid-{i}", address(i), a, 25.0),
-            lambda i, a: channel.start(JOB_UID, f"uid-{i}", address(i), a, {}),
-        ),
-        "aiohttp": (
-            lambda i, a: general.post(
-                f"uid-{i}", address(i), supervision.STOP_PATH, {"attempt": a, "grace_seconds": 25.0}
-            ),
-            lambda i, a: general.post(
-                f"uid-{i}", address(i), supervision.START_PATH, {"attempt": a, "env": {}}
-            ),
-        ),
+        name: (
+            lambda i, a, c=c: c.stop(JOB_UID, f"uid-{i}", address(i), a, 25.0),
+            lambda i, a, c=c: c.start(JOB_UID, f"uid-{i}", address(i), a, {}),
+        )
+        for name, c in channels.items()
     }
     figures: dict[str, dict[str, list[float]]] = {
         v: {"stop_s": [], "start_s": [], "cpu_ms": []} for v in VARIANTS
@@ -154,7 +168,8 @@ async def measure(count: int, reps: int) -> dict[str, object]:
     try:
         await rounds(senders, figures, count, reps)
     finally:
-        await general.session.close()
+        for each in channels.values():
+            await each.close()
     return {v: {k: summary(values) for k, values in f.items()} for v, f in figures.items()}
 
 

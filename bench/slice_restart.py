@@ -554,7 +554,7 @@ async def run_trials(bench: Bench, variants: list[str], sizes: list[int], reps: 
                 restart = result["restart"]
                 api = restart.get("api_requests", {}).get("total")
                 say(
-                    f"rep {rep} {hosts:>5} hosts {variant:<8} lost pod -> every process of "
+                    f"rep {rep} {hosts:>5} hosts {variant:<8} failure -> every process of "
                     f"attempt 2 running, every pod Ready {restart['all_new_ready']:7.2f} s"
                     + (f"  operator API requests {api:.0f}" if api is not None else "")
                 )
@@ -641,8 +641,9 @@ def report(results: dict[str, Any], variants: list[str], sizes: list[int]) -> No
                 spread(f["cpu_s"]), str(len(f["failed"])),
             ])  # fmt: skip
     print()
-    print("One pod of the middle slice deleted -> every process of attempt 2 running, "
-          "every pod Ready (median [min-max]; ratios per repetition)")  # fmt: skip
+    print("Worker 32 of the middle slice lost (its pod deleted; inplace: its process exits 1)"
+          " -> every process of attempt 2 running, every pod Ready (median [min-max]; ratios"
+          " per repetition)")  # fmt: skip
     print(harness.table(
         ["hosts (slices)", "variant", "reps", "restart s", "vs recreate", "job Running s",
          "operator API requests", "of them writes", "CPU s", "failed"], rows))  # fmt: skip
