@@ -7,8 +7,7 @@ whole under the middle one of three slices is moved off the same way, through a 
 the operator as the move commits, the slices on both sides carried in place.
 
 Workers run ``tpu-worker demo`` (real multi-process JAX on CPU, under the supervisor) in
-run-mode pods of the local cluster. (Three slices of one host each, or two of two hosts:
-six JAX processes on the CI machine's two cores take minutes to compile their first step.)
+run-mode pods of the local cluster (six JAX processes for the three slices of v4-16).
 """
 
 from __future__ import annotations
@@ -154,20 +153,21 @@ def test_a_slice_on_a_broken_pool_moves_to_the_spare_and_the_others_keep_their_p
 def test_a_slice_whose_pool_is_deleted_moves_to_the_spare_through_an_operator_kill(
     tpu, namespace, cluster, running_operator, tpu_pools, spare_pool
 ):
-    """A pool deleted whole under the middle slice of three (its node and pod gone with
+    """A pool deleted whole under the middle slice of three (its nodes and pods gone with
     it) does not come back: the slice must not wait for it (the job does not ask GKE for
     pools here). Slice 1 is recreated on the spare, slices 0 and 2 restart in place in
     the pods they have, and training resumes from the checkpoint; the operator SIGKILLed
     the moment the move is committed, its successor converges with no worker created
-    twice. (Single-host slices: three JAX processes, fewer than the 2 x 2 above.)"""
-    spare = spare_pool("2x2x1", vms=1)
-    main = tpu_pools(3, "2x2x1", vms=1)
+    twice."""
+    spare = spare_pool()
+    main = tpu_pools(3)
     manifest, directory = demo_job(
         namespace,
         "deleted",
         "--steps=100000",
+        "--batch-size=24",  # data-parallel over 3 slices
         numSlices=3,
-        slice={"type": "v4-8"},
+        slice={"type": "v4-16"},
         placement={"spares": {"nodePools": [spare]}},
     )
     tpu.apply(manifest)
@@ -207,8 +207,8 @@ def test_a_slice_whose_pool_is_deleted_moves_to_the_spare_through_an_operator_ki
             n: v[0] for n, v in before.items() if n.startswith(carried)
         }, carried
     moved = [p for p in tpu.pods(namespace) if p["metadata"]["name"].startswith("deleted-1-")]
-    assert len(moved) == 1, [p["metadata"]["name"] for p in moved]
-    assert moved[0]["metadata"]["uid"] != before[moved[0]["metadata"]["name"]][0]
+    assert len(moved) == 2, [p["metadata"]["name"] for p in moved]
+    assert all(before[p["metadata"]["name"]][0] != p["metadata"]["uid"] for p in moved)
     assert {p["spec"]["nodeSelector"][contract.NODE_LABEL_NODEPOOL] for p in moved} == {spare}
     # (The NodePoolGone event, posted after the status write, may have died with the
     # operator: tests/unit/policies/test_failure.py checks its text.)
