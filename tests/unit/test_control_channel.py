@@ -355,3 +355,18 @@ async def _test_a_queued_command_is_signed_when_its_turn_comes() -> None:
         finally:
             await control.close()
     assert len(stamps) == 2 and stamps[1] - stamps[0] >= 2, stamps
+
+
+def test_a_pod_ip_that_is_not_an_address_is_never_sent() -> None:
+    asyncio.run(_test_a_pod_ip_that_is_not_an_address_is_never_sent())
+
+
+async def _test_a_pod_ip_that_is_not_an_address_is_never_sent() -> None:
+    async with Server(signed_answer()) as server:
+        control = channel(server.port)
+        try:
+            with pytest.raises(ControlError, match="is not an address"):
+                await control.status(JOB, POD, "127.0.0.1\r\nX-Injected: 1")
+        finally:
+            await control.close()
+    assert server.requests == 0

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import secrets
@@ -242,6 +243,12 @@ class ControlChannel:
             raise ControlError("the pod has no IP")
         if not pod_uid:
             raise ControlError("the pod has no UID")
+        try:  # it goes into the request's Host line: nothing but an address
+            ipaddress.ip_address(pod_ip)
+        except ValueError:
+            raise ControlError(
+                f"the pod's IP {printable(pod_ip, 60)!r} is not an address"
+            ) from None
         body = json.dumps(payload).encode() if payload is not None else b""
         host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
         url = f"http://{host}:{self.port}{path}"
