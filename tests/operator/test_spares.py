@@ -2,7 +2,8 @@
 label) that its first placement does not take; when a node of slice 1's pool goes
 NotReady, slice 1 is recreated on the spare at once, slice 0 restarts in place in the pods
 it has, and training resumes from the checkpoint. The broken pool is reported (event,
-status.brokenNodePools, condition NodePoolsHealthy, metric) until it heals. A pool deleted
+status.brokenNodePools, condition NodePoolsHealthy, metric) until it heals, then held as
+the job's spare in the spare's place (status.spareNodePools). A pool deleted
 whole under the middle one of three slices is moved off the same way, through a SIGKILL of
 the operator as the move commits, the slices on both sides carried in place.
 
@@ -132,7 +133,7 @@ def test_a_slice_on_a_broken_pool_moves_to_the_spare_and_the_others_keep_their_p
             timeout=300,
             message="attempt 2 to save a checkpoint after the one it resumed from",
         )
-        # The broken pool heals: it leaves the report and is free again.
+        # The broken pool heals: it leaves the report and takes the spare's place.
         cluster.agent.heal_node(node)
         healed = True
         wait_until(
@@ -140,6 +141,7 @@ def test_a_slice_on_a_broken_pool_moves_to_the_spare_and_the_others_keep_their_p
             timeout=120,
             message="the healed pool to leave status.brokenNodePools",
         )
+        assert tpu.status(namespace, "spares")["spareNodePools"] == [broken]
     finally:
         if not healed:
             cluster.agent.heal_node(node)

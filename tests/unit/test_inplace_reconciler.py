@@ -953,7 +953,8 @@ def test_the_operator_s_spares_are_kept_from_placements_and_taken_to_replace_a_s
     kept = {n: u for n, u in uids.items() if n.startswith("j-0-")}
     assert {n: cluster.pods("j")[n]["metadata"]["uid"] for n in kept} == kept
     assert cluster.recorded.moves == ["spare"]
-    # GKE replaces the VM: the pool leaves the report and is free again.
+    # GKE replaces the VM: the pool leaves the report and is held as the job's spare in
+    # place of the one slice 1 took.
     cluster.objects[f"/api/v1/nodes/{node}"] = deleted
     cluster.confirm_deletions()
     cluster.run_pods("j")
@@ -963,3 +964,22 @@ def test_the_operator_s_spares_are_kept_from_placements_and_taken_to_replace_a_s
     (healthy,) = [c for c in status["conditions"] if c["type"] == "NodePoolsHealthy"]
     assert (healthy["status"], healthy["reason"]) == ("True", "NodePoolsHealthy")
     assert "NodePoolsHealthy" in cluster.recorded.reasons("j")
+    assert status["spareNodePools"] == ["p2"]
+    # Another job's placement leaves it (p2 sorts before p3), as it leaves a named spare.
+    cluster.add_pool("p3", *V5P, hosts=2)
+    cluster.apply_job("k", {**job_spec(), "numSlices": 2})
+    cluster.settle()
+    assert cluster.job("k")["status"]["nodePools"] == ["p0", "p3"]
+    # Slice 0's pool breaks: it moves to the job's held spare (p2), not to free p10 that
+    # sorts before it; p2 is a spare no more.
+    cluster.add_pool("p10", *V5P, hosts=2)
+    node = cluster.pods("j")["j-0-0"]["spec"]["nodeName"]
+    cluster.objects.pop(f"/api/v1/nodes/{node}")
+    cluster.evict_pod("j-0-0", reason="DeletionByPodGC")
+    cluster.confirm_deletion("j-0-0")
+    cluster.settle()
+    status = cluster.job("j")["status"]
+    assert (status["attempt"], status["nodePools"]) == (3, ["p2", "p0-spare"]), status
+    assert status.get("spareNodePools", []) == []
+    (broken,) = status["brokenNodePools"]
+    assert (broken["nodePool"], broken["movedTo"], broken["spare"]) == ("p1", "p2", True)

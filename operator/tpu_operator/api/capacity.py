@@ -172,9 +172,10 @@ class JobPlacement(Placement):
     cordoned or gone) or wore out (failurePolicy.maxSliceFailuresPerPool), the slice
     moves at once to a free healthy pool of its shape, a spare first, instead of
     waiting for the repair. The broken pool is given to no job until
-    it is healthy again (status.brokenNodePools, condition NodePoolsHealthy), then it is
-    free. The operator's --spare-node-pool-selector adds spares that every job may move
-    to and no job's first placement takes."""
+    it is healthy again (status.brokenNodePools, condition NodePoolsHealthy), then it
+    takes the place of the spare the slice took (status.spareNodePools), or is free if
+    the slice took no spare. The operator's --spare-node-pool-selector adds spares that
+    every job may move to and no job's first placement takes."""
 
     def step(self, index: int) -> Placement:
         """The placement of step ``index`` (0: this one; n: fallbacks[n-1])."""

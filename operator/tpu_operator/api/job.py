@@ -229,6 +229,12 @@ class TPUJobStatus(ApiModel):
     """The node pools slices of the job moved off, while they are unhealthy (each leaves
     the list once healthy again or gone; condition NodePoolsHealthy). No job is given
     such a pool until it is healthy."""
+    spare_node_pools: list[str] = Field(default_factory=list, max_length=1024)
+    """Node pools a slice of the job moved off to a spare, healthy again: held in reserve
+    for the job in place of the spare the slice took, as spec.placement.spares are (no
+    other job's placement and no first placement takes them; a slice of the job moving
+    off a broken pool does). A pool leaves the list when it is gone or a slice of the job
+    runs on it."""
     checkpoint_requests: int = 0
     """How often the workers were asked to checkpoint ahead of a node disruption."""
     disruption_notices: list[str] = Field(default_factory=list, max_length=64)

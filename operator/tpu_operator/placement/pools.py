@@ -150,13 +150,15 @@ def spares_of(names: Iterable[str] = (), match_labels: Mapping[str, str] | None 
     return Spares(frozenset(names), selectors)
 
 
-def job_spares(placement: JobPlacement | None) -> Spares:
-    """A job's own spares (``spec.placement.spares``)."""
+def job_spares(placement: JobPlacement | None, held: Iterable[str] = ()) -> Spares:
+    """A job's own spares: ``spec.placement.spares``, and the pools it holds as spares in
+    place of the spares its slices took (``held``: ``status.spareNodePools``)."""
     spares = placement.spares if placement is not None else None
     if spares is None:
-        return NO_SPARES
+        return spares_of(held) if held else NO_SPARES
     return spares_of(
-        spares.node_pools or (), spares.selector.match_labels if spares.selector else None
+        [*(spares.node_pools or ()), *held],
+        spares.selector.match_labels if spares.selector else None,
     )
 
 

@@ -89,8 +89,10 @@ def broken_words(broken: list[BrokenPool]) -> str:
 
 def watch_broken(plan: Plan, world: World) -> None:
     """Keep ``status.brokenNodePools`` to the pools the job moved off that are still
-    unhealthy, and condition NodePoolsHealthy in line with it."""
+    unhealthy, and condition NodePoolsHealthy in line with it. A pool a slice left for a
+    spare becomes, once healthy, a spare of the job in its place (``status.spareNodePools``)."""
     status = plan.status
+    keep_spares(plan, world)
     if not status.broken_node_pools:
         return
     broken = status.broken_node_pools
@@ -98,13 +100,21 @@ def watch_broken(plan: Plan, world: World) -> None:
     left = still_broken(broken, unhealthy)
     if left == broken:
         return
-    for b in broken:
-        if all(b.node_pool != k.node_pool for k in left):
-            plan.event(
-                "Normal",
-                Reason.NODE_POOLS_HEALTHY,
-                f"node pool {b.node_pool} is healthy again (or gone); it is free",
+    healed = [b for b in broken if all(b.node_pool != k.node_pool for k in left)]
+    gone = {g.pool for g in world.vanished_pools([b.node_pool for b in healed], (), None)}
+    for b in healed:
+        if b.node_pool in gone:
+            said = f"node pool {b.node_pool} is gone"
+        elif b.spare and b.node_pool not in (status.node_pools or ()):
+            said = (
+                f"node pool {b.node_pool} is healthy again; held as a spare of this job in "
+                f"place of spare {b.moved_to}, which slice {b.slice} runs on"
             )
+            if b.node_pool not in status.spare_node_pools:
+                status.spare_node_pools = [*status.spare_node_pools, b.node_pool]
+        else:
+            said = f"node pool {b.node_pool} is healthy again; it is free"
+        plan.event("Normal", Reason.NODE_POOLS_HEALTHY, said)
     status.broken_node_pools = left
     if left:
         plan.condition(
@@ -117,6 +127,19 @@ def watch_broken(plan: Plan, world: World) -> None:
             Reason.NODE_POOLS_HEALTHY,
             "every node pool the job's slices moved off is healthy again or gone",
         )
+
+
+def keep_spares(plan: Plan, world: World) -> None:
+    """``status.spareNodePools`` without the pools that are gone or that a slice of the
+    job now runs on (a slice that moved there)."""
+    status = plan.status
+    if not status.spare_node_pools:
+        return
+    gone = {g.pool for g in world.vanished_pools(list(status.spare_node_pools), (), None)}
+    running = set(status.node_pools or ())
+    kept = [p for p in status.spare_node_pools if p not in gone and p not in running]
+    if kept != status.spare_node_pools:
+        status.spare_node_pools = kept
 
 
 def moving(

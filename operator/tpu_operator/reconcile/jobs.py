@@ -157,9 +157,11 @@ class CachedWorld:
         self.spec = spec
         self.shape = shape
         self.holder = job_holder(self.meta["namespace"], self.meta["name"])
+        self.status_spares: list[str] = (body.get("status") or {}).get("spareNodePools") or []
+        """Pools the job holds as spares in place of spares its slices took (recorded)."""
 
     def allocate(self, requests: list[Request]) -> Allocation:
-        own = job_spares(self.spec.placement)
+        own = job_spares(self.spec.placement, self.status_spares)
         if own:
             requests = [replace(r, spares=r.spares | own) for r in requests]
         return choose_pools(self.ctx, self.holder, requests)

@@ -206,19 +206,23 @@ def tpu_pools(ctx: Context) -> dict[str, PoolView]:
 
 def spares_of_others(ctx: Context, holder: str) -> Spares:
     """The pools the TPUJobs other than ``holder`` that have not finished hold in reserve
-    (``spec.placement.spares``): no one else's placement takes them. Read from the cached
+    (``spec.placement.spares``, ``status.spareNodePools``): no one else's placement takes
+    them. Read from the cached
     bodies (a few dict lookups per job: an allocation is rare beside the jobs it reads)."""
     found = NO_SPARES
     for body in ctx.caches.jobs():
         spares = ((body.get("spec") or {}).get("placement") or {}).get("spares")
-        if not isinstance(spares, dict):
+        status = body.get("status") or {}
+        held = status.get("spareNodePools")
+        if not isinstance(spares, dict) and not held:
             continue
-        meta, status = body.get("metadata") or {}, body.get("status") or {}
+        meta = body.get("metadata") or {}
         if status.get("phase") in TERMINAL_PHASES:
             continue
         if job_holder(meta.get("namespace", ""), meta.get("name", "")) == holder:
             continue
-        names = [n for n in spares.get("nodePools") or () if isinstance(n, str)]
+        spares = spares if isinstance(spares, dict) else {}
+        names = [n for n in [*(spares.get("nodePools") or ()), *(held or ())] if isinstance(n, str)]
         labels = (spares.get("selector") or {}).get("matchLabels")
         found = found | spares_of(names, labels if isinstance(labels, dict) else None)
     return found

@@ -268,3 +268,56 @@ def test_a_pool_moved_off_leaves_the_report_once_healthy(
     found = [c for c in plan.conditions if c["type"] == "NodePoolsHealthy"]
     assert [c["status"] for c in found] == ([condition] if condition else [])
     assert reasons(plan) == events
+
+
+def left_for_spare(pool: str, index: int, spare: str) -> dict[str, object]:
+    return {**broken(pool, index), "movedTo": spare, "spare": True}
+
+
+@pytest.mark.parametrize(
+    ("recorded", "held", "gone", "spares", "said"),
+    [
+        # Left for a spare, healthy again: a spare of the job in the spare's place.
+        (
+            [left_for_spare("b1", 1, "s1")],
+            [],
+            [],
+            ["b1"],
+            "node pool b1 is healthy again; held as a spare of this job in place of spare s1, "
+            "which slice 1 runs on",
+        ),
+        # Left for a free pool (no spare taken): free again.
+        ([broken("b1", 1)], [], [], [], "node pool b1 is healthy again; it is free"),
+        # Gone rather than healthy: nothing to hold.
+        ([left_for_spare("b1", 1, "s1")], [], ["b1"], [], "node pool b1 is gone"),
+        # Held already: listed once.
+        (
+            [left_for_spare("b1", 1, "s1")],
+            ["b1"],
+            [],
+            ["b1"],
+            "node pool b1 is healthy again; held as a spare of this job in place of spare s1, "
+            "which slice 1 runs on",
+        ),
+        # A held spare that is gone leaves the list (nothing moved off now).
+        ([], ["b1", "b2"], ["b2"], ["b1"], None),
+        # A held spare a slice of the job runs on now is no spare: it leaves the list.
+        ([], ["b1", "s0"], [], ["b1"], None),
+    ],
+)
+def test_a_pool_left_for_a_spare_becomes_a_spare_once_healthy(recorded, held, gone, spares, said):
+    job = facts(
+        recorded={
+            "attempt": 2,
+            "nodePools": ["s0", "s1"],
+            "brokenNodePools": recorded,
+            "spareNodePools": held,
+        },
+        numSlices=2,
+    )
+    plan = plan_of(job)
+    vanished = [PoolGone(i, p, False, f"{p} gone") for p in gone for i in range(8)]
+    pools.check(job, plan, World(gone=vanished))
+    assert plan.status.spare_node_pools == spares
+    assert plan.status.broken_node_pools == []
+    assert [m for _, r, m in plan.events if r == "NodePoolsHealthy"] == ([said] if said else [])
