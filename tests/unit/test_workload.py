@@ -478,3 +478,32 @@ def test_clearing_the_admission_clears_the_reclaimable_count():
     assert "reclaimablePods" not in clear_admission(wl, "t")
     wl["status"]["reclaimablePods"] = [{"name": "workers", "count": 2}]
     assert clear_admission(wl, "t")["reclaimablePods"] is None
+
+
+@pytest.mark.parametrize(
+    ("checks", "said"),
+    [
+        ([], "quota reserved; waiting for admission checks"),
+        (
+            [{"name": "ss-kueue-operator", "state": "Pending"}],
+            "quota reserved; waiting for admission check ss-kueue-operator (Pending)",
+        ),
+        (
+            [
+                {"name": "dws", "state": "Ready", "message": "provisioned"},
+                {"name": "slices", "state": "Retry", "message": "Slice s1 failed"},
+            ],
+            "quota reserved; waiting for admission check slices (Retry: Slice s1 failed)",
+        ),
+    ],
+)
+def test_a_reserved_job_says_which_admission_checks_it_waits_for(checks, said):
+    workload = {
+        "status": {
+            "admission": ADMISSION,
+            "conditions": [cond("QuotaReserved")],
+            "admissionChecks": checks,
+        }
+    }
+    found = queue_state(workload)
+    assert (found.state, found.message) == ("Reserved", said)

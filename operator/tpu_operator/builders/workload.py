@@ -514,6 +514,21 @@ def _admitted(
     return QueueState(state, reason, message, assignment=found, admission_held=True)
 
 
+def checks_waited_for(workload: dict[str, Any]) -> str:
+    """The admission checks a Workload with quota reserved waits for, in words: each not
+    Ready, with its state and message (``admission check ss (Pending)``; ``admission
+    checks`` when the Workload does not list them yet)."""
+    waiting = []
+    for check in (workload.get("status") or {}).get("admissionChecks") or []:
+        state = str(check.get("state") or "Pending")
+        if state == "Ready":
+            continue
+        said = f"admission check {check.get('name', '')} ({state}"
+        message = str(check.get("message") or "").strip()
+        waiting.append(said + (f": {message})" if message else ")"))
+    return "; ".join(waiting) if waiting else "admission checks"
+
+
 def queue_state(
     workload: dict[str, Any] | None,
     hosts: int = 1,
@@ -559,7 +574,7 @@ def queue_state(
         return _admitted(
             "Reserved",
             str(reserved.get("reason") or "QuotaReserved"),
-            "quota reserved; waiting for admission checks",
+            f"quota reserved; waiting for {checks_waited_for(workload)}",
             workload,
             found,
             own_selector,
