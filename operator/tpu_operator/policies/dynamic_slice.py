@@ -61,6 +61,10 @@ class DynamicPlan:
     form: tuple[str, ...] | None = None
     """Partition ids to form the attempt's Slice (``DynamicFacts.name``) of."""
     recheck: float | None = None
+    refused: str = ""
+    """What the apiserver said at the last try to form or delete one (``DynamicFacts``),
+    which this status says: once the act goes through, the next status says what is
+    true now."""
 
 
 def needs_choice(facts: DynamicFacts) -> bool:
@@ -71,11 +75,17 @@ def needs_choice(facts: DynamicFacts) -> bool:
 
 def decide(facts: DynamicFacts) -> DynamicPlan:
     if facts.unread:
-        return DynamicPlan(waiting_for=trouble(facts.unread), recheck=RECHECK_SECONDS)
+        return DynamicPlan(
+            waiting_for=trouble(facts.unread), recheck=RECHECK_SECONDS, refused=facts.refused
+        )
     plan = _plan(facts)
     if facts.refused:
         return replace(
-            plan, gke_slice=None, waiting_for=trouble(facts.refused), recheck=RECHECK_SECONDS
+            plan,
+            gke_slice=None,
+            waiting_for=trouble(facts.refused),
+            recheck=RECHECK_SECONDS,
+            refused=facts.refused,
         )
     return plan
 

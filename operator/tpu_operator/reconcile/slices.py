@@ -217,9 +217,6 @@ class SliceRun:
         self.provisioning_events: list[tuple[str, Reason, str]] = []
         self.withdrawn = False
         """This reconcile withdraws the slice's ProvisioningRequest (its capacity changed)."""
-        self.dynamic_refused = ""
-        """What the apiserver said at the last try to form or delete a GKE Slice of this
-        slice (this reconcile's status says it)."""
 
     def _after(self, seconds: float) -> None:
         seconds = max(seconds, MIN_REQUEUE_SECONDS)
@@ -598,14 +595,13 @@ class SliceRun:
         plan = dynamic_slice.decide(facts)
         if plan.recheck is not None:
             self._after(plan.recheck)
-        self.dynamic_refused = facts.refused
         return plan
 
     async def _act_on_dynamic_slices(self, plan: dynamic_slice.DynamicPlan, target: int) -> None:
         """Delete and form the GKE Slices the committed plan says. What the apiserver
         refuses is said by the slice's next status (and tried again)."""
         if not plan.delete and plan.form is None:
-            if self.dynamic_refused:
+            if plan.refused:
                 self._after(MIN_REQUEUE_SECONDS)  # the next status says what is true now
             return
         kube = self.ctx.kube
@@ -623,10 +619,10 @@ class SliceRun:
             )
             self.ctx.refused_dynamic_slices[(self.namespace, self.name)] = said
             self._after(dynamic_slice.RECHECK_SECONDS)
-            if said != self.dynamic_refused:
+            if said != plan.refused:
                 self._after(MIN_REQUEUE_SECONDS)  # the next status says it
             return
-        if self.dynamic_refused:
+        if plan.refused:
             self._after(MIN_REQUEUE_SECONDS)
 
     async def _create_pods(
