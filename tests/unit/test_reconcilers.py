@@ -1187,3 +1187,21 @@ def test_a_stalled_job_is_restarted_as_a_gang_from_its_last_step():
     assert condition(cluster.job("j"), "Stalled")["status"] == "True"
     assert cluster.status_writes() == (1, 0)
     assert cluster.recorded.reasons("j")[-2:] == ["Stalled", "Restarting"]
+
+
+def test_a_suspended_slice_deletes_a_pod_it_counts_as_lost_that_still_runs():
+    """A pod on a node lost to the slice (not ready, or a cube GKE marked unhealthy) is a
+    failure to the gang, not an active pod, yet it runs: stopping the slice deletes it
+    too, or the job would wait for it for ever ("1 pods still stopping")."""
+    cluster = FakeCluster()
+    running_job(cluster)
+    (pod,) = cluster.pods().values()
+    cluster.set_node_ready(pod["spec"]["nodeName"], False)
+    cluster.edit_job("j", {"suspend": True})
+    cluster.clear_requests()
+    cluster.settle()
+    deletes = [r.path for r in cluster.requests if r.verb == "DELETE"]
+    assert deletes == [f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/j-0-0"]
+    cluster.confirm_deletions()
+    cluster.settle()
+    assert cluster.job("j")["status"]["message"] == "suspended"

@@ -309,7 +309,7 @@ class SliceRun:
             self._after(MIN_REQUEUE_SECONDS)  # the next status says the conflict
         await self._delete_stale(state)
         if stopping:
-            await self._stop_active(state)
+            await self._stop_active(state, pods)
         if creating:
             await self._create_pods(to_create, target, node_pool, capacity, gke_slice, refusal)
         return self.requeue
@@ -516,14 +516,19 @@ class SliceRun:
         await self.ctx.kube.delete(path, uid=pod.uid)
         self.ctx.deleted_pods.requested(pod.uid)
 
-    async def _stop_active(self, state: GangState) -> None:
+    async def _stop_active(self, state: GangState, pods: list[PodView]) -> None:
         """Delete the running pods of a stopping slice, one DELETE per pod guarded by its
         UID (as ``_delete_stale``): a collection DELETE by label would also take pods that
-        only carry the slice's labels (``runtime/ownership.py``)."""
+        only carry the slice's labels (``runtime/ownership.py``). A pod the gang counts as
+        failed but that still runs (on a node lost to the slice, such as a cube GKE marked
+        unhealthy) is deleted too: nothing else would stop it."""
         deleted = self.ctx.deleted_pods
-        doomed = [p for p in state.active if not p.deleting and not deleted.awaited(p.uid)]
+        running = [
+            p for p in pods if p.attempt == state.attempt and p.phase not in ("Succeeded", "Failed")
+        ]
+        doomed = [p for p in running if not p.deleting and not deleted.awaited(p.uid)]
         await send_all(self._delete(p) for p in doomed)
-        await self._force_stuck([p for p in state.active if p.deleting])
+        await self._force_stuck([p for p in running if p.deleting])
 
     async def _force_stuck(self, deleting: list[PodView]) -> None:
         """Force-delete pods whose node is gone or not ready, past their deletion deadline."""
