@@ -152,6 +152,87 @@ def provisioning_check(
     ]
 
 
+IRONWOOD_LEVELS = (
+    "cloud.google.com/gce-topology-block",
+    *(
+        f"cloud.google.com/gke-tpu-partition-{shape}-id"
+        for shape in ("4x4x4", "2x4x4", "2x2x4", "2x2x2", "2x2x1")
+    ),
+    "kubernetes.io/hostname",
+)
+"""The levels of an Ironwood Topology for super-slices and sub-slices: reservation block,
+cube, each sub-slice partition, VM (xpk's super-slicing Topology has the block, cube and
+hostname levels; GKE's dynamic-slicing guide lists the sub-slice levels between)."""
+
+
+def ironwood_queues(
+    *,
+    cluster_queue: str,
+    namespaces: Iterable[str],
+    chips: int,
+    check: str = "ss-kueue-operator",
+    flavor: str = "tpu7x-dynamic",
+) -> list[dict[str, Any]]:
+    """Kueue's objects for Ironwood dynamic slicing, as xpk creates them: a Topology over
+    the cubes' partitions (``IRONWOOD_LEVELS``), a ResourceFlavor of the accelerator alone
+    using it, an AdmissionCheck of GKE's slice controller (``accelerator.gke.io/slice``), a
+    ClusterQueue with ``chips`` of ``google.com/tpu`` and that check, and a LocalQueue
+    ``tpu`` in each namespace."""
+    docs: list[dict[str, Any]] = [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Topology",
+            "metadata": {"name": "ironwood"},
+            "spec": {"levels": [{"nodeLabel": label} for label in IRONWOOD_LEVELS]},
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": flavor},
+            "spec": {
+                "nodeLabels": {"cloud.google.com/gke-tpu-accelerator": "tpu7x"},
+                "topologyName": "ironwood",
+            },
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "AdmissionCheck",
+            "metadata": {"name": check},
+            "spec": {"controllerName": "accelerator.gke.io/slice"},
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": cluster_queue},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": [TPU_RESOURCE],
+                        "flavors": [
+                            {
+                                "name": flavor,
+                                "resources": [{"name": TPU_RESOURCE, "nominalQuota": chips}],
+                            }
+                        ],
+                    }
+                ],
+                "admissionChecksStrategy": {"admissionChecks": [{"name": check}]},
+            },
+        },
+    ]
+    for namespace in namespaces:
+        docs.append(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "LocalQueue",
+                "metadata": {"name": "tpu", "namespace": namespace},
+                "spec": {"clusterQueue": cluster_queue},
+            }
+        )
+    return docs
+
+
 def manifests(kubectl: Path) -> list[dict[str, Any]]:
     """Kueue's ``config/default``, rendered once per pinned version and cached."""
     target = binaries.component_dir(binaries.KUEUE) / "manifests.yaml"

@@ -22,6 +22,8 @@ The YAML format (``localcluster/pools.yaml`` is the default)::
         taints: []                 # optional: extra node taints ({key, value, effect})
         dynamic_slicing: false     # optional: an Ironwood cube (tpu7x 4x4x4, 16 VMs) for
                                    # the slice controller stand-in (agent/slicecontroller.py)
+        block: block-0             # optional: a cube's reservation block
+                                   # (cloud.google.com/gce-topology-block)
         mode: run                  # run | simulate
         simulate:                  # optional, simulate mode only
           complete_after: null     # seconds until pods terminate (null: run forever)
@@ -116,6 +118,9 @@ class Pool:
     tpu7x, 4x4x4, 16 VMs of 4 chips, provisioned without ICI links. Its nodes carry no
     topology label until the slice controller stand-in forms a Slice of them; they carry
     the partition id and state labels of the cube and of each sub-slice shape."""
+    block: str = "block-0"
+    """An Ironwood cube's reservation block: its nodes' ``cloud.google.com/gce-topology-block``
+    label (Kueue's topology level above the cubes; a super-slice is formed within one)."""
     max_run_seconds: int | None = None
     """Flex-start VMs: taken back this long after they register (the simulated autoscaler
     taints them ``cloud.google.com/impending-node-termination`` shortly before); each
@@ -211,6 +216,7 @@ class Pool:
         if self.dynamic_slicing:
             del labels[TOPOLOGY_LABEL]  # set by the slice controller on a formed Slice
             labels[TOPOLOGY_MODE_LABEL] = "PROVISION_ONLY"
+            labels[BLOCK_LABEL] = self.block
             index = int(node_name.rsplit("-", 1)[1])
             for shape, pid in cube_partitions(self.name, index).items():
                 labels[f"{PARTITION_PREFIX}{shape}-id"] = pid
@@ -281,6 +287,7 @@ class Pool:
 CUBE_VMS = 16
 TOPOLOGY_MODE_LABEL = "cloud.google.com/gke-accelerator-topology-mode"
 PARTITION_PREFIX = "cloud.google.com/gke-tpu-partition-"
+BLOCK_LABEL = "cloud.google.com/gce-topology-block"
 SUB_SLICE_SHAPES = ("2x2x1", "2x2x2", "2x2x4", "2x4x4")
 
 

@@ -39,6 +39,8 @@ LABEL_CONTROL_KEY: Final = PREFIX + "control-key"
 # GKE node facts (node labels, extended resource, taint).
 NODE_LABEL_ACCELERATOR: Final = "cloud.google.com/gke-tpu-accelerator"
 NODE_LABEL_TOPOLOGY: Final = "cloud.google.com/gke-tpu-topology"
+NODE_LABEL_TOPOLOGY_BLOCK: Final = "cloud.google.com/gce-topology-block"
+"""The reservation block a node's VM is in (Kueue's topology level above Ironwood cubes)."""
 NODE_LABEL_NODEPOOL: Final = "cloud.google.com/gke-nodepool"
 NODE_LABEL_SPOT: Final = "cloud.google.com/gke-spot"
 NODE_LABEL_RESERVATION: Final = "cloud.google.com/reservation-name"
@@ -69,6 +71,9 @@ object cannot have a namespaced owner reference)."""
 LABEL_SLICE_OWNER: Final = PREFIX + "slice-owner"
 """On a GKE Slice the operator made: a digest of ``<namespace>/<TPUSlice name>``, to list a
 TPUSlice's Slices."""
+LABEL_WORKLOAD_OWNER: Final = PREFIX + "workload-owner"
+"""On a GKE Slice the operator formed for a Kueue Workload (the slice admission check): a
+digest naming its TPUJob, to delete them once the job is gone."""
 
 
 def partition_id_label(shape: str) -> str:

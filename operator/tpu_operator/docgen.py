@@ -374,6 +374,12 @@ _OPERATOR_LABELS: dict[str, tuple[str, str]] = {
         "A digest of `<namespace>/<TPUSlice>`: the dynamically sliced TPUSlice the Slice "
         "was formed for.",
     ),
+    "LABEL_WORKLOAD_OWNER": (
+        "GKE Slices the operator formed for Kueue's slice admission check",
+        "A digest naming the TPUJob whose Workload the Slice was formed for: the Slices "
+        "are deleted once the job is gone (GKE's `accelerator.gke.io/owner-workload-*` "
+        "annotations name the Workload).",
+    ),
     "ANNOTATION_SLICE_OWNER": (
         "GKE Slices (annotation)",
         "`<namespace>/<TPUSlice>` the Slice was formed for (Slices are cluster-scoped).",
@@ -424,6 +430,11 @@ _NODE_FACTS: dict[str, tuple[str, str]] = {
         "nodes of pools GKE creates, pod node selectors and tolerations",
         "Label and NoSchedule taint key, unique per slice, of a pool GKE creates for "
         "`placement.provisioning: Auto`.",
+    ),
+    "NODE_LABEL_TOPOLOGY_BLOCK": (
+        "nodes (GKE), Kueue Topology levels",
+        "The reservation block of the node's VM: the top level of an Ironwood Topology; a "
+        "dynamic slice's pod set asks Kueue for one block.",
     ),
     "NODE_LABEL_TPU_SLICE": (
         "nodes (GKE's slice controller), pod node selectors",

@@ -507,3 +507,79 @@ def test_a_reserved_job_says_which_admission_checks_it_waits_for(checks, said):
     }
     found = queue_state(workload)
     assert (found.state, found.message) == ("Reserved", said)
+
+
+def dynamic_shape(topology: str, kind: str) -> Any:
+    return JobSliceSpec.model_validate(
+        {"accelerator": "tpu7x", "topology": topology, "dynamicSlicing": kind}
+    ).resolve()
+
+
+@pytest.mark.parametrize(
+    ("topology", "kind", "slices", "count", "level", "size"),
+    [
+        pytest.param("4x4x8", "SuperSlice", 1, 32, "4x4x4", 16, id="super-slice of two cubes"),
+        pytest.param("4x4x8", "SuperSlice", 2, 64, "4x4x4", 16, id="two super-slices"),
+        pytest.param("2x2x2", "SubSlice", 3, 6, "2x2x2", 2, id="three sub-slices"),
+        pytest.param("2x4x4", "SubSlice", 1, 8, "2x4x4", 8, id="half a cube"),
+    ],
+)
+def test_a_dynamic_slice_s_pod_set_is_what_gke_s_slice_controller_makes_of_a_jobset_s(
+    topology: str, kind: str, slices: int, count: int, level: str, size: int
+):
+    """The annotation, no topology selector (cube nodes carry it only once a Slice is
+    formed), the partitions' health as required affinity, and one block with each
+    partition's VMs in one partition (xpk slice-main slice/internal/webhooks)."""
+    template = {
+        **TEMPLATE,
+        "spec": {
+            **TEMPLATE["spec"],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "zone", "operator": "In", "values": ["a"]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+        },
+    }
+    (pod_set,) = build_workload(job(), template, dynamic_shape(topology, kind), slices)["spec"][
+        "podSets"
+    ]
+    assert pod_set["count"] == count
+    assert pod_set["topologyRequest"] == {
+        "required": "cloud.google.com/gce-topology-block",
+        "podSetSliceRequiredTopology": f"cloud.google.com/gke-tpu-partition-{level}-id",
+        "podSetSliceSize": size,
+    }
+    spec = pod_set["template"]["spec"]
+    assert spec["nodeSelector"] == {contract.NODE_LABEL_ACCELERATOR: "tpu7x"}
+    assert pod_set["template"]["metadata"]["annotations"] == {
+        contract.ANNOTATION_SLICE_TOPOLOGY: topology
+    }
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"] == [
+        {"key": "zone", "operator": "In", "values": ["a"]},
+        {
+            "key": f"cloud.google.com/gke-tpu-partition-{level}-state",
+            "operator": "In",
+            "values": ["HEALTHY", "DEGRADED"],
+        },
+    ]
+    assert "affinity" not in TEMPLATE["spec"]  # the job's template is not changed
+
+
+def test_a_dynamic_shape_changed_while_queued_makes_the_workload_outdated():
+    wl = build_workload(job(), TEMPLATE, dynamic_shape("2x2x2", "SubSlice"), 2)
+    same = build_workload(job(), TEMPLATE, dynamic_shape("2x2x2", "SubSlice"), 2)
+    assert not workload_outdated(wl, same)
+    other = build_workload(job(), TEMPLATE, dynamic_shape("2x2x4", "SubSlice"), 1)
+    assert workload_outdated(wl, other)

@@ -79,6 +79,10 @@ class TPUSliceSpec(ShapeFields):
     control_key_id: str | None = Field(default=None, pattern="^[0-9a-f]{32}$")
     """Set by the owning TPUJob with controlKeySecret: the id of the job's key; the
     supervisors use a mounted key only if it has this id."""
+    gke_slice: str | None = Field(default=None, max_length=49, pattern=DNS_LABEL)
+    """Set by the owning TPUJob when Kueue admitted it through the Ironwood slice admission
+    check (``accelerator.gke.io/slice``): the GKE Slice formed for this slice, whose nodes
+    its pods select. The slice forms and deletes no Slice of its own then."""
 
 
 class TPUSliceStatus(ApiModel):

@@ -25,13 +25,15 @@ def job_slice(
     control_key_secret: str | None = None,
     control_key_id: str | None = None,
     world: list[int] | None = None,
+    gke_slice: str | None = None,
 ) -> dict[str, Any]:
     """TPUSlice ``index`` of a job, as the job wants it for ``attempt``.
 
     ``job_spec`` is the job's spec as stored (camelCase); the shape, template, placement
     and ports are copied verbatim so the slice builds its pods from the same source.
     ``world``: the slices the attempt runs on, when an elastic job runs on fewer than
-    all of them (``worldSlices``).
+    all of them (``worldSlices``). ``gke_slice``: the GKE Slice an admission formed for
+    the slice (``gkeSlice``).
     """
     name = contract.slice_name(job_name, index)
     spec: dict[str, Any] = {
@@ -68,6 +70,8 @@ def job_slice(
         spec["controlKeyId"] = control_key_id
     if world is not None:
         spec["worldSlices"] = list(world)
+    if gke_slice:
+        spec["gkeSlice"] = gke_slice
     labels = dict(extra_labels or {})
     labels.update(
         {
@@ -110,6 +114,7 @@ def slice_patch(
         "controlKeySecret",
         "controlKeyId",
         "worldSlices",
+        "gkeSlice",
     )
     want = desired["spec"]
     have = current.get("spec") or {}

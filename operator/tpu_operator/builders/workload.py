@@ -10,7 +10,12 @@ The Workload has one podSet, ``workers``, for every worker of every slice: ``cou
 slices x hosts per slice, the worker's chips (``google.com/tpu``) as requests, the node
 selector of the slice shape, and (multi-host slices, ``topology=True``) a topology
 request that keeps each slice of ``hosts`` pods inside one node pool
-(``podSetSliceRequiredTopology: cloud.google.com/gke-nodepool``).
+(``podSetSliceRequiredTopology: cloud.google.com/gke-nodepool``). An Ironwood dynamic
+slice's pod set is what GKE's Kueue slice controller makes of a JobSet's: the annotation
+``cloud.google.com/gke-tpu-slice-topology``, the partitions' health as required node
+affinity, no topology node selector, and a topology request for one ``gce-topology-block``
+with each partition's VMs in one partition (``dynamic_topology_request``); the operator
+serves that admission check for its own Workloads (``policies/slice_check.py``).
 
 On admission the pods get what Kueue's contract for a job gives them
 (``admission_assignment``): the node labels and tolerations of every assigned
@@ -29,8 +34,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tpu_operator import contract
+from tpu_operator import catalog, contract
 from tpu_operator.catalog import SliceShape
+from tpu_operator.placement import dynamic
 from tpu_operator.placement.capacity import KUEUE_MAX_RUN_DURATION, QUEUED, CapacityMode
 
 KUEUE_GROUP = "kueue.x-k8s.io"
@@ -101,7 +107,16 @@ def worker_template(template: dict[str, Any], shape: SliceShape) -> dict[str, An
     spec["containers"] = containers
     selector = dict(spec.get("nodeSelector") or {})
     selector[contract.NODE_LABEL_ACCELERATOR] = shape.accelerator
-    selector[contract.NODE_LABEL_TOPOLOGY] = shape.topology
+    if shape.dynamic is None:
+        selector[contract.NODE_LABEL_TOPOLOGY] = shape.topology
+    else:
+        # A cube's nodes carry the topology label only once a Slice is formed of them
+        # (after admission, by the slice admission check); the pods ask for the slice's
+        # topology by annotation, and for partitions whose health lets a slice form.
+        result.setdefault("metadata", {}).setdefault("annotations", {})[
+            contract.ANNOTATION_SLICE_TOPOLOGY
+        ] = shape.topology
+        spec["affinity"] = _with_health(spec.get("affinity"), shape)
     spec["nodeSelector"] = selector
     tolerations = list(spec.get("tolerations") or [])
     if not any(t.get("key") == contract.TPU_TAINT_KEY for t in tolerations):
@@ -120,6 +135,39 @@ def worker_template(template: dict[str, Any], shape: SliceShape) -> dict[str, An
     metadata = result.get("metadata") or {}
     result["metadata"] = {k: v for k, v in metadata.items() if k in ("labels", "annotations")}
     return result
+
+
+def _with_health(affinity: Mapping[str, Any] | None, shape: SliceShape) -> dict[str, Any]:
+    """``affinity`` with the required node affinity GKE's Kueue slice controller gives a
+    dynamic slice's pods: its partitions' state HEALTHY or DEGRADED (every term)."""
+    result = copy.deepcopy(dict(affinity or {}))
+    node = result.setdefault("nodeAffinity", {})
+    required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    health = {
+        "key": contract.partition_state_label(dynamic.level(shape)),
+        "operator": "In",
+        "values": list(contract.PARTITION_USABLE_STATES),
+    }
+    required["nodeSelectorTerms"] = [
+        {**term, "matchExpressions": [*(term.get("matchExpressions") or []), health]}
+        for term in terms
+    ]
+    return result
+
+
+def dynamic_topology_request(shape: SliceShape) -> dict[str, Any]:
+    """The topology request of a dynamic slice's pod set, as GKE's Kueue slice controller
+    sets it for JobSets: every pod in one ``gce-topology-block``, each run of
+    ``podSetSliceSize`` pods (one partition's VMs) in one partition of the slice's level."""
+    per_partition = (
+        catalog.CUBE_CHIPS // shape.chips_per_host if shape.dynamic == "SuperSlice" else shape.hosts
+    )
+    return {
+        "required": contract.NODE_LABEL_TOPOLOGY_BLOCK,
+        "podSetSliceRequiredTopology": contract.partition_id_label(dynamic.level(shape)),
+        "podSetSliceSize": per_partition,
+    }
 
 
 def build_workload(
@@ -153,7 +201,9 @@ def build_workload(
         "count": num_slices * shape.hosts,
         "template": pod_template,
     }
-    if topology and shape.multi_host:
+    if shape.dynamic is not None:
+        pod_set["topologyRequest"] = dynamic_topology_request(shape)
+    elif topology and shape.multi_host:
         pod_set["topologyRequest"] = {
             "podSetSliceRequiredTopology": TOPOLOGY_LEVEL,
             "podSetSliceSize": shape.hosts,
@@ -207,9 +257,14 @@ def workload_outdated(current: dict[str, Any], desired: dict[str, Any]) -> bool:
     mine, wanted = sets[0], want["podSets"][0]
     if mine.get("count") != wanted["count"]:
         return True
-    if (mine.get("topologyRequest") or {}).get("podSetSliceSize") != (
-        wanted.get("topologyRequest") or {}
-    ).get("podSetSliceSize"):
+    have_request, want_request = (
+        mine.get("topologyRequest") or {},
+        wanted.get("topologyRequest") or {},
+    )
+    if any(
+        have_request.get(key) != want_request.get(key)
+        for key in ("podSetSliceSize", "podSetSliceRequiredTopology", "required")
+    ):
         return True
     return _essence(mine.get("template") or {}) != _essence(wanted["template"])
 

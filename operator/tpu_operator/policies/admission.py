@@ -28,6 +28,11 @@ class Admission(Protocol):
         """The node pool of each slice, when the admission assigned them."""
         ...
 
+    def gke_slices(self) -> list[str] | None:
+        """The GKE Slice of each slice, when the admission formed them (Ironwood dynamic
+        slicing through Kueue's slice admission check)."""
+        ...
+
     def report(self, facts: JobFacts, plan: Plan) -> None:
         """Take note of what the queue must know of this decision (after deciding)."""
         ...
@@ -47,6 +52,9 @@ class NoAdmission:
         return False
 
     def pools(self) -> list[str] | None:
+        return None
+
+    def gke_slices(self) -> list[str] | None:
         return None
 
     def report(self, facts: JobFacts, plan: Plan) -> None:

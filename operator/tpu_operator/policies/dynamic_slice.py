@@ -1,10 +1,13 @@
 """The GKE Slice of a TPUSlice on Ironwood dynamic slicing (``placement/dynamic.py``): the
 one its pods select, what they wait for, and which Slices the reconciler forms or deletes.
 
-One Slice per attempt, named for the slice and the attempt. A slice forming its pods
+Without Kueue's slice admission check, one Slice per attempt, named for the slice and the
+attempt. A slice forming its pods
 deletes its Slices of other attempts, and forms the attempt's of free healthy partitions
 (``dynamic.choose``) when it does not exist; one GKE could not form is deleted and formed
-again. A stopping or finished slice deletes all of its Slices.
+again. A stopping or finished slice deletes all of its Slices. With that check (``given``), the
+Slice is the one the job's admission formed (``gkeSlice``, ``policies/slice_check.py``):
+the slice waits for it to be Ready and never forms or deletes one.
 
 Pure: the reconciler (``reconcile/slices.py``) reads the slice's Slices (and, to form one,
 every Slice), and does what ``decide`` says only after the status is written: a write that
@@ -46,6 +49,10 @@ class DynamicFacts:
     refused: str = ""
     """Why the last try to form or delete a Slice failed (what the apiserver said): the
     status says it while the slice tries again."""
+    given: bool = False
+    """The Slice ``name`` is formed by the job's admission (Kueue's slice admission
+    check, ``policies/slice_check.py``): the slice waits for it and forms or deletes
+    none."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,7 @@ class DynamicPlan:
 def needs_choice(facts: DynamicFacts) -> bool:
     """Whether the attempt's Slice is to be formed (then the reconciler reads every Slice
     and chooses its partitions before ``decide``)."""
-    return facts.forming and not facts.release and facts.name not in facts.mine
+    return facts.forming and not facts.release and not facts.given and facts.name not in facts.mine
 
 
 def decide(facts: DynamicFacts) -> DynamicPlan:
@@ -91,6 +98,8 @@ def decide(facts: DynamicFacts) -> DynamicPlan:
 
 
 def _plan(facts: DynamicFacts) -> DynamicPlan:
+    if facts.given:
+        return _given(facts)
     name = facts.name
     delete = tuple(other for other in facts.mine if facts.release or other != name)
     if facts.release or not facts.forming:
@@ -123,5 +132,30 @@ def _plan(facts: DynamicFacts) -> DynamicPlan:
     return DynamicPlan(
         waiting_for=f"waiting for GKE's slice controller to form Slice {name} ({current.reason})",
         delete=delete,
+        recheck=RECHECK_SECONDS,
+    )
+
+
+def _given(facts: DynamicFacts) -> DynamicPlan:
+    """The Slice the admission formed: the pods wait until it is Ready."""
+    name = facts.name
+    current = facts.mine.get(name)
+    if facts.release or not facts.forming:
+        return DynamicPlan()
+    if current is None:
+        return DynamicPlan(
+            waiting_for=f"waiting for Slice {name}, which Kueue's slice admission check forms",
+            recheck=RECHECK_SECONDS,
+        )
+    if current.ready:
+        return DynamicPlan(gke_slice=name)
+    if current.failed:
+        return DynamicPlan(
+            waiting_for=f"GKE could not form Slice {name} ({current.reason}: "
+            f"{current.message}); Kueue places the job again",
+            recheck=RECHECK_SECONDS,
+        )
+    return DynamicPlan(
+        waiting_for=f"waiting for GKE's slice controller to form Slice {name} ({current.reason})",
         recheck=RECHECK_SECONDS,
     )

@@ -133,6 +133,10 @@ class Context:
     resource_flavors: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Kueue ResourceFlavor name -> its spec, read when a job using it is admitted
     (reconcile/queueing.py)."""
+    admission_checks: dict[str, str] = field(default_factory=dict)
+    """Kueue AdmissionCheck name -> its controllerName, read once (reconcile/slice_check.py)."""
+    active_checks: set[str] = field(default_factory=set)
+    """The slice controller's AdmissionChecks seen Active or marked so by the operator."""
     queue_topologies: dict[tuple[str, str], tuple[bool, float]] = field(default_factory=dict)
     """Kueue LocalQueue (namespace, name) -> whether its ClusterQueue has a flavor with a
     Topology (topology-aware scheduling), and when that was read

@@ -75,6 +75,7 @@ from tpu_operator.policies.plan import (
     Plan,
     SliceRefusal,
 )
+from tpu_operator.reconcile import slice_check
 from tpu_operator.reconcile.context import (
     RETRY_AFTER_CONFLICT,
     Context,
@@ -130,6 +131,7 @@ class JobReconciler:
             if body is None:
                 self.ctx.reservations.release(job_holder(namespace, name))
                 self.ctx.refused_slices.pop(key, None)
+                await slice_check.release(self.ctx, namespace, name)
             return None
         try:
             spec = TPUJobSpec.model_validate(body.get("spec") or {})
@@ -632,6 +634,7 @@ class JobRun:
         recreated = set(plan.status.recreated_slices or ())
         node_pools = plan.status.node_pools or []
         dropped = self._dropped()
+        gke_slices = self.admission.gke_slices() or []
         world = elastic.world_of(facts.spec.num_slices, dropped)
         job_spec = facts.raw_spec
         if job_spec.get("placement") is not None:
@@ -668,6 +671,7 @@ class JobRun:
                 control_key_secret=secret,
                 control_key_id=key_id,
                 world=world,
+                gke_slice=gke_slices[index] if index < len(gke_slices) else None,
             )
             if current is None:
                 writes.append(self.ctx.kube.create(_slices_path(facts.namespace), desired))

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tpu_operator.api.conditions import stamp
@@ -71,6 +71,7 @@ from tpu_operator.policies.failure import fail
 from tpu_operator.policies.plan import Act, JobFacts, Plan
 from tpu_operator.policies.suspend import stopped
 from tpu_operator.reconcile.context import Context, job_ref
+from tpu_operator.reconcile.slice_check import SliceCheck, activate
 from tpu_operator.runtime.kube import ApiError, namespaced
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,7 @@ async def queue_topology(ctx: Context, namespace: str, local_queue: str) -> bool
         if cluster_queue:
             body = await ctx.kube.get(f"{base}/{CLUSTER_QUEUE_PLURAL}/{cluster_queue}")
         if body is not None:
+            await activate(ctx, queue_checks(body))
             found = False
             for name in queue_flavors(body):
                 spec = await read_flavor(ctx, name)
@@ -176,6 +178,14 @@ async def queue_topology(ctx: Context, namespace: str, local_queue: str) -> bool
             )
     ctx.queue_topologies[key] = (found, now)
     return found
+
+
+def queue_checks(cluster_queue: dict[str, Any]) -> list[str]:
+    """The AdmissionChecks a ClusterQueue lists (either of Kueue's two ways)."""
+    spec = cluster_queue.get("spec") or {}
+    names = [str(name) for name in spec.get("admissionChecks") or []]
+    strategy = (spec.get("admissionChecksStrategy") or {}).get("admissionChecks") or []
+    return names + [str(rule.get("name")) for rule in strategy if rule.get("name")]
 
 
 async def queue_position(
@@ -464,13 +474,17 @@ class KueueAdmission:
         self.queueing = queueing
         self.position: tuple[int, int] | None = None
         """(LocalQueue, ClusterQueue) position of the queued job (``observe``)."""
+        self.slice_check: SliceCheck | None = None
+        """Ironwood dynamic slicing: the slice admission check the operator serves for
+        the job's Workload (``reconcile/slice_check.py``), when its queue has one."""
 
     async def observe(self) -> None:
         queueing = self.queueing
         await queueing.load_flavors()  # a new admission's ResourceFlavors
         self.position = None
         local_queue = queue_name(queueing.body["metadata"])
-        if queueing.shape.multi_host and local_queue and not queueing.state.admitted:
+        shape = queueing.shape
+        if (shape.multi_host or shape.dynamic) and local_queue and not queueing.state.admitted:
             # Whether its Workload asks for one node pool per slice (a queued job's
             # Workload is made anew if the answer changes while it waits).
             queueing.topology = await queue_topology(
@@ -480,6 +494,29 @@ class KueueAdmission:
             self.position = await queue_position(
                 queueing.ctx, queueing.namespace, local_queue, queueing.workload_name
             )
+        self.slice_check = await SliceCheck.of(
+            queueing.ctx, queueing.body, queueing.workload, shape, queueing.num_slices
+        )
+        if self.slice_check is not None:
+            workload = queueing.workload or {}
+            await self.slice_check.observe(
+                release=queueing.state.state in ("Evicted", "Finished")
+                or (workload.get("spec") or {}).get("active") is False
+                or bool(workload["metadata"].get("deletionTimestamp"))
+            )
+            retry = self.slice_check.retrying()
+            if retry is not None and queueing.state.admitted:
+                # Kueue evicts the job for the check's Retry: it stops now, not counted
+                # as a failure (its lost cube is no failure of the job). The admission is
+                # given back only once Kueue's own eviction shows (its reason is what
+                # Kueue requeues the Workload by).
+                queueing.state = replace(
+                    queueing.state,
+                    state="Evicted",
+                    reason="AdmissionCheck",
+                    message=f"admission check {self.slice_check.check} is Retry: {retry}",
+                    admission_held=False,
+                )
 
     def pools(self) -> list[str] | None:
         """Node pool per slice from Kueue's topology assignment, if it made one."""
@@ -487,6 +524,12 @@ class KueueAdmission:
         if assignment is None or not assignment.node_pools:
             return None
         return list(assignment.node_pools)
+
+    def gke_slices(self) -> list[str] | None:
+        """The GKE Slice of each slice, formed by the slice admission check."""
+        if self.slice_check is None or not self.queueing.state.admitted:
+            return None
+        return self.slice_check.names
 
     def holds(self, facts: JobFacts, plan: Plan) -> bool:
         """Held (no pods) until Kueue admits the Workload, stopped when Kueue evicts it;
@@ -588,4 +631,11 @@ class KueueAdmission:
             )
 
     async def act(self, plan: Plan) -> None:
+        if self.slice_check is not None:
+            status = plan.status
+            recheck = await self.slice_check.act(
+                pods_gone=status.active_pods + status.terminating_pods == 0
+            )
+            if recheck is not None:
+                plan.after(recheck)
         await self.queueing.act(stamp(plan.now))

@@ -569,14 +569,25 @@ class SliceRun:
         (``_act_on_dynamic_slices``)."""
         kube = self.ctx.kube
         key = (self.namespace, self.name)
+        given = self.spec.gke_slice
         facts = dynamic_slice.DynamicFacts(
-            name=dynamic.slice_name(self.namespace, self.name, target),
+            name=given or dynamic.slice_name(self.namespace, self.name, target),
             mine={},
             release=release,
             forming=forming,
             refused=self.ctx.refused_dynamic_slices.pop(key, ""),
+            given=given is not None,
         )
         try:
+            if given is not None:
+                found = await kube.get(f"{SLICES_PATH}/{given}")
+                if found is not None and found["metadata"].get("deletionTimestamp"):
+                    found = None  # the last admission's, going: the next is formed anew
+                mine = {} if found is None else {given: dynamic.slice_state(found)}
+                plan = dynamic_slice.decide(replace(facts, mine=mine))
+                if plan.recheck is not None:
+                    self._after(plan.recheck)
+                return plan
             listed = await kube.request(
                 "GET",
                 SLICES_PATH,

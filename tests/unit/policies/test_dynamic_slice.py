@@ -128,3 +128,55 @@ def facts(**fields: Any) -> DynamicFacts:
 def test_the_dynamic_slice_plan(given: DynamicFacts, choose: bool, plan: DynamicPlan):
     assert needs_choice(given) == choose
     assert decide(given) == plan
+
+
+ADMITTED = "ns-wl-workers-0"
+
+
+@pytest.mark.parametrize(
+    ("given", "plan"),
+    [
+        pytest.param(
+            facts(name=ADMITTED, given=True),
+            DynamicPlan(
+                waiting_for=f"waiting for Slice {ADMITTED}, which Kueue's slice admission "
+                "check forms",
+                recheck=RECHECK_SECONDS,
+            ),
+            id="not there yet: waited for, never formed here",
+        ),
+        pytest.param(
+            facts(name=ADMITTED, given=True, mine={ADMITTED: FORMING}),
+            DynamicPlan(
+                waiting_for=f"waiting for GKE's slice controller to form Slice {ADMITTED} "
+                "(CREATING)",
+                recheck=RECHECK_SECONDS,
+            ),
+            id="forming: waited for",
+        ),
+        pytest.param(
+            facts(name=ADMITTED, given=True, mine={ADMITTED: READY}),
+            DynamicPlan(gke_slice=ADMITTED),
+            id="ready: the pods select it",
+        ),
+        pytest.param(
+            facts(name=ADMITTED, given=True, mine={ADMITTED: FAILED}),
+            DynamicPlan(
+                waiting_for=f"GKE could not form Slice {ADMITTED} (FAILED: cube c1 unhealthy); "
+                "Kueue places the job again",
+                recheck=RECHECK_SECONDS,
+            ),
+            id="failed: not deleted here (the check goes Retry)",
+        ),
+        pytest.param(
+            facts(name=ADMITTED, given=True, mine={ADMITTED: READY}, release=True, forming=False),
+            DynamicPlan(),
+            id="released: the check deletes it, not the slice",
+        ),
+    ],
+)
+def test_a_slice_admitted_through_kueue_s_slice_check_waits_for_its_slice(
+    given: DynamicFacts, plan: DynamicPlan
+):
+    assert not needs_choice(given)
+    assert decide(given) == plan
