@@ -561,6 +561,7 @@ class FakeCluster:
             for index_key, value in (keys or {}).items():
                 indexes[kind][index_key].append(value)
         tombstones = self.caches.tombstones
+        seen = self.caches.dynamic_slicing_seen  # the operator's memory, not a cache
         self.caches.__init__(  # type: ignore[misc]
             pods=pods,
             slices=indexes["slices"],
@@ -568,6 +569,7 @@ class FakeCluster:
             nodes=indexes["nodes"],
         )
         self.caches.tombstones = tombstones
+        self.caches.dynamic_slicing_seen = seen
         self.caches.owners = owners
 
     def reconcile_job(self, name: str) -> float | None:

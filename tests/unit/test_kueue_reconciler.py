@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from tests.unit.fakeapi import NS, FakeCluster
+from tests.unit.test_dynamic_slicing_parts import cube_nodes
 from tpu_operator import contract, controllers
 from tpu_operator.builders.workload import POD_SET, WORKLOAD_PLURAL
+from tpu_operator.policies import slice_check
 from tpu_operator.reconcile.queueing import POSITION_SECONDS, pending_positions
 
 pytestmark = pytest.mark.unit
@@ -562,3 +564,122 @@ def test_a_queued_job_s_workload_follows_its_queue_gaining_a_topology():
     cluster.settle()
     (pod_set,) = cluster.workload()["spec"]["podSets"]
     assert pod_set["topologyRequest"]["podSetSliceSize"] == 2
+
+
+# Ironwood dynamic slicing: the operator serves Kueue's accelerator.gke.io/slice check.
+
+SLICES = f"/apis/{contract.SLICE_API_VERSION}/{contract.SLICE_CRD_PLURAL}"
+CHECKS = "/apis/kueue.x-k8s.io/v1beta2/admissionchecks"
+SUPER_SLICE = {"accelerator": "tpu7x", "topology": "4x4x8", "dynamicSlicing": "SuperSlice"}
+
+
+def ironwood(cluster: KueueCluster) -> list[str]:
+    """Two cubes and two AdmissionChecks: the slice controller's and another one."""
+    hosts = []
+    for cube in ("cube-a", "cube-b"):
+        for node in cube_nodes(cube):
+            cluster.objects[f"/api/v1/nodes/{node['metadata']['name']}"] = node
+            hosts.append(node["metadata"]["name"])
+    for name, controller in (("slices", slice_check.CONTROLLER_NAME), ("prov", "other")):
+        cluster.objects[f"{CHECKS}/{name}"] = {
+            "metadata": {"name": name, "resourceVersion": "1"},
+            "spec": {"controllerName": controller},
+        }
+    return hosts
+
+
+def reserve(cluster: KueueCluster, hosts: list[str]) -> None:
+    """Kueue reserves quota on ``hosts`` (one pod each) with both checks Pending."""
+    wl = cluster.workload()
+    wl["status"] = {
+        "admission": {
+            "clusterQueue": "cq",
+            "podSetAssignments": [
+                {
+                    "name": POD_SET,
+                    "flavors": {"google.com/tpu": "tpu7x"},
+                    "count": len(hosts),
+                    "topologyAssignment": {
+                        "levels": ["kubernetes.io/hostname"],
+                        "slices": [
+                            {
+                                "domainCount": len(hosts),
+                                "valuesPerLevel": [{"individual": {"roots": hosts}}],
+                                "podCounts": {"universal": 1},
+                            }
+                        ],
+                    },
+                }
+            ],
+        },
+        "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"}],
+        "admissionChecks": [
+            {"name": "prov", "state": "Pending", "message": "provisioning"},
+            {"name": "slices", "state": "Pending", "message": ""},
+        ],
+    }
+    cluster._bump(wl)
+
+
+def test_the_slice_admission_check_forms_the_job_s_slice_and_sets_only_its_own_entry():
+    cluster = KueueCluster()
+    hosts = ironwood(cluster)
+    template = job_spec()["template"]
+    cluster.apply_job("j", {"slice": SUPER_SLICE, "template": template}, labels=QUEUE)
+    cluster.settle()
+    reserve(cluster, hosts)
+    cluster.settle()
+
+    wl = cluster.workload()
+    name = slice_check.gke_slice_name(NS, wl["metadata"]["name"], POD_SET, 0)
+    formed = cluster.objects[f"{SLICES}/{name}"]
+    cubes = [
+        n["metadata"]["labels"][contract.partition_id_label("4x4x4")]
+        for n in (cube_nodes("cube-a")[0], cube_nodes("cube-b")[0])
+    ]
+    assert formed["spec"] == {"type": "tpu7x", "topology": "4x4x8", "partitionIds": cubes}
+    assert formed["metadata"]["annotations"] == {
+        slice_check.OWNER_NAMESPACE: NS,
+        slice_check.OWNER_NAME: wl["metadata"]["name"],
+        slice_check.OWNER_POD_SET: POD_SET,
+    }
+    checks = {c["name"]: c for c in wl["status"]["admissionChecks"]}
+    assert checks["prov"] == {"name": "prov", "state": "Pending", "message": "provisioning"}
+    assert (checks["slices"]["state"], checks["slices"]["message"]) == (
+        "Pending",
+        "Slices are in states: 1 CREATED",
+    )
+    assert not wl["metadata"].get("finalizers")  # never GKE's: its controller would act
+    assert not cluster.pods("j")
+
+    # GKE forms the Slice: the check is Ready with the pods' topology selector.
+    formed["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "ACTIVE"}]}
+    cluster.advance(slice_check.RECHECK_SECONDS)
+    cluster.settle()
+    checks = {c["name"]: c for c in cluster.workload()["status"]["admissionChecks"]}
+    assert checks["slices"]["state"] == "Ready"
+    assert checks["slices"]["podSetUpdates"] == [
+        {"name": POD_SET, "nodeSelector": {contract.NODE_LABEL_TOPOLOGY: "4x4x8"}}
+    ]
+    assert checks["prov"]["state"] == "Pending"
+    assert [r.verb for r in cluster.requests if r.path.startswith(SLICES)].count("POST") == 1
+
+    # Kueue admits: the slice runs on that Slice and forms none of its own.
+    wl = cluster.workload()
+    wl["status"]["conditions"].append({"type": "Admitted", "status": "True", "reason": "Admitted"})
+    checks["prov"]["state"] = "Ready"
+    wl["status"]["admissionChecks"] = list(checks.values())
+    cluster._bump(wl)
+    cluster.settle()
+    assert cluster.slice("j-0")["spec"]["gkeSlice"] == name
+    pods = cluster.pods("j")
+    assert len(pods) == 32
+    assert {p["spec"]["nodeSelector"][contract.NODE_LABEL_TPU_SLICE] for p in pods.values()} == {
+        name
+    }
+    assert [k for k in cluster.objects if k.startswith(f"{SLICES}/")] == [f"{SLICES}/{name}"]
+
+    # The job deleted: its Slice goes too (cluster-scoped, nothing else collects it).
+    cluster.delete_job("j")
+    cluster.reconcile_job("j")
+    assert not [k for k in cluster.objects if k.startswith(f"{SLICES}/")]
