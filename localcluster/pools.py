@@ -291,6 +291,21 @@ BLOCK_LABEL = "cloud.google.com/gce-topology-block"
 SUB_SLICE_SHAPES = ("2x2x1", "2x2x2", "2x2x4", "2x4x4")
 
 
+def cube(name: str, **fields: Any) -> Pool:
+    """An Ironwood cube for dynamic slicing (``Pool.dynamic_slicing``): tpu7x 4x4x4, 16 VMs
+    of 4 chips, simulated pods unless ``fields`` say otherwise."""
+    settings: dict[str, Any] = {"mode": "simulate", **fields}
+    return Pool(
+        name=name,
+        accelerator="tpu7x",
+        topology="4x4x4",
+        vms=CUBE_VMS,
+        chips_per_vm=4,
+        dynamic_slicing=True,
+        **settings,
+    )
+
+
 def cube_partitions(pool: str, index: int) -> dict[str, str]:
     """shape -> id of the partitions VM ``index`` of cube ``pool`` belongs to.
 

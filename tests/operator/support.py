@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -13,12 +14,14 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from localcluster import Cluster
 from localcluster.helm import Helm
+from localcluster.pools import cube
 from localcluster.testing import wait_until
 from tpu_operator import contract, crdgen
 
@@ -423,3 +426,28 @@ def wait_crd(cluster: Cluster, name: str, plural: str, timeout: float = 60) -> N
     wait_until(lambda: succeeds(*established), timeout=timeout, message=f"CRD {name} established")
     listing = ("get", plural, "--all-namespaces")
     wait_until(lambda: succeeds(*listing), timeout=timeout, message=f"{plural} to be served")
+
+
+GKE_SLICES = f"/apis/{contract.SLICE_API_VERSION}/{contract.SLICE_CRD_PLURAL}"
+
+
+@contextlib.contextmanager
+def simulated_cubes(cluster: Any, prefix: str, count: int = 3) -> Iterator[list[str]]:
+    """``count`` simulated Ironwood cubes (``localcluster.pools.cube``), named
+    ``<prefix><tag>-a``, ``-b``, ...; waits until the slice controller stand-in serves the
+    Slice CRD, and removes them afterwards."""
+    tag = uuid.uuid4().hex[:4]
+    names = [f"{prefix}{tag}-{chr(ord('a') + i)}" for i in range(count)]
+    for name in names:
+        cluster.agent.add_pool(cube(name))
+    api = cluster.api()
+    wait_until(
+        lambda: api.request("GET", GKE_SLICES)[0] == 200,
+        timeout=60,
+        message="the slice controller stand-in to serve the Slice CRD",
+    )
+    try:
+        yield names
+    finally:
+        for name in names:
+            cluster.agent.remove_pool(name)

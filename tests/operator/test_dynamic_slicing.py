@@ -6,21 +6,19 @@ sub-slice job runs in one 2x2x2 partition and its Slice goes with the job."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from localcluster import Pool
 from localcluster.testing import wait_until
-from tests.operator.support import JOBS, Api, job_manifest
+from tests.operator.support import GKE_SLICES as SLICES
+from tests.operator.support import JOBS, Api, job_manifest, simulated_cubes
 from tpu_operator import contract
 from tpu_operator.placement import dynamic
 
 pytestmark = pytest.mark.integration
 
-SLICES = f"/apis/{contract.SLICE_API_VERSION}/{contract.SLICE_CRD_PLURAL}"
 CUBE_ID = contract.partition_id_label("4x4x4")
 CUBE_STATE = contract.partition_state_label("4x4x4")
 
@@ -28,29 +26,8 @@ CUBE_STATE = contract.partition_state_label("4x4x4")
 @pytest.fixture(scope="module")
 def cubes(cluster) -> Iterator[list[str]]:
     """Three simulated Ironwood cubes; the stand-in installs the Slice CRD for them."""
-    tag = uuid.uuid4().hex[:4]
-    names = [f"cube{tag}-{c}" for c in "abc"]
-    for name in names:
-        cluster.agent.add_pool(
-            Pool(
-                name=name,
-                accelerator="tpu7x",
-                topology="4x4x4",
-                vms=16,
-                chips_per_vm=4,
-                dynamic_slicing=True,
-                mode="simulate",
-            )
-        )
-    api = cluster.api()
-    wait_until(
-        lambda: api.request("GET", SLICES)[0] == 200,
-        timeout=60,
-        message="the slice controller stand-in to serve the Slice CRD",
-    )
-    yield names
-    for name in names:
-        cluster.agent.remove_pool(name)
+    with simulated_cubes(cluster, "cube") as names:
+        yield names
 
 
 def gke_slices(tpu: Api, namespace: str, tpuslice: str) -> list[dict[str, Any]]:

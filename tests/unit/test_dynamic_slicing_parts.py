@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from localcluster import pools
 from localcluster.agent.slicecontroller import assess
 from localcluster.pools import Pool, PoolError
 from tpu_operator import catalog, contract
@@ -30,15 +31,7 @@ def shape(topology: str, kind: str) -> catalog.SliceShape:
 
 def cube_nodes(pool: str, state: str = "HEALTHY", ready: bool = True) -> list[dict[str, Any]]:
     """The Node objects of one cube, labelled as the local cluster labels them."""
-    cube = Pool(
-        name=pool,
-        accelerator="tpu7x",
-        topology="4x4x4",
-        vms=16,
-        chips_per_vm=4,
-        dynamic_slicing=True,
-        mode="simulate",
-    )
+    cube = pools.cube(pool)
     nodes = []
     for name in cube.node_names():
         labels = cube.node_labels(name)

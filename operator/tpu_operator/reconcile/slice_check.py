@@ -190,7 +190,23 @@ class SliceCheck:
         """Read what the check is decided from: every Slice (few: one per slice), the
         topology assignment of the admission and the nodes' partitions."""
         meta = self.workload["metadata"]
-        listed = await self.ctx.kube.request("GET", SLICES_PATH)
+        try:
+            listed = await self.ctx.kube.request("GET", SLICES_PATH)
+        except ApiError as exc:
+            if exc.status == 429 or (exc.status >= 500 and exc.status != 503):
+                raise
+            # No Slice CRD (GKE's slice controller not enabled) or no RBAC: the check is
+            # left as it is, and the job waits for it, saying so through Kueue's state.
+            log.warning(
+                "cannot read GKE Slices for admission check %s of Workload %s/%s (%s): is "
+                "the slice controller enabled (--enable-slice-controller), and may the "
+                "operator list slices.accelerator.gke.io (the chart grants it)?",
+                self.check,
+                meta["namespace"],
+                meta["name"],
+                exc.message,
+            )
+            return
         items = (listed or {}).get("items", [])
         mine = {
             item["metadata"]["name"]: item
@@ -259,7 +275,7 @@ class SliceCheck:
     async def act(self, pods_gone: bool) -> float | None:
         """Do what the check's decision says; returns when to look again."""
         if self.facts is None:
-            return None
+            return slice_check.RETRY_SECONDS  # the Slices could not be read
         plan = slice_check.decide(replace(self.facts, pods_gone=pods_gone))
         kube, ref = self.ctx.kube, job_ref(self.job)
         meta = self.workload["metadata"]
