@@ -2,12 +2,12 @@
 one its pods select, what they wait for, and which Slices the reconciler forms or deletes.
 
 Without Kueue's slice admission check, one Slice per attempt, named for the slice and the
-attempt. A slice forming its pods
-deletes its Slices of other attempts, and forms the attempt's of free healthy partitions
-(``dynamic.choose``) when it does not exist; one GKE could not form is deleted and formed
-again. A stopping or finished slice deletes all of its Slices. With that check (``given``), the
-Slice is the one the job's admission formed (``gkeSlice``, ``policies/slice_check.py``):
-the slice waits for it to be Ready and never forms or deletes one.
+attempt. A slice forming its pods deletes its Slices of other attempts, and forms the
+attempt's of free healthy partitions (``dynamic.choose``) when it does not exist; one GKE
+could not form is deleted and formed again. A stopping or finished slice deletes all of
+its Slices. With that check (``given``), the Slice is the one the job's admission formed
+(``gkeSlice``, ``policies/slice_check.py``): the slice waits for it to be Ready and never
+forms or deletes one.
 
 Pure: the reconciler (``reconcile/slices.py``) reads the slice's Slices (and, to form one,
 every Slice), and does what ``decide`` says only after the status is written: a write that

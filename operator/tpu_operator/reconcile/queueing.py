@@ -486,7 +486,8 @@ class KueueAdmission:
         shape = queueing.shape
         if (shape.multi_host or shape.dynamic) and local_queue and not queueing.state.admitted:
             # Whether its Workload asks for one node pool per slice (a queued job's
-            # Workload is made anew if the answer changes while it waits).
+            # Workload is made anew if the answer changes while it waits); the queue's
+            # slice admission checks are marked Active on the way.
             queueing.topology = await queue_topology(
                 ctx=queueing.ctx, namespace=queueing.namespace, local_queue=local_queue
             )

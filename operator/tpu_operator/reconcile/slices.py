@@ -579,23 +579,22 @@ class SliceRun:
             given=given is not None,
         )
         try:
-            if given is not None:
+            if given is not None:  # formed by the admission: read, never formed here
                 found = await kube.get(f"{SLICES_PATH}/{given}")
                 if found is not None and found["metadata"].get("deletionTimestamp"):
                     found = None  # the last admission's, going: the next is formed anew
-                mine = {} if found is None else {given: dynamic.slice_state(found)}
-                plan = dynamic_slice.decide(replace(facts, mine=mine))
-                if plan.recheck is not None:
-                    self._after(plan.recheck)
-                return plan
-            listed = await kube.request(
-                "GET",
-                SLICES_PATH,
-                query={"labelSelector": dynamic.owner_selector(self.namespace, self.name)},
-            )
-            items = (listed or {}).get("items", [])
-            mine = {item["metadata"]["name"]: dynamic.slice_state(item) for item in items}
-            facts = replace(facts, mine=mine)
+                facts = replace(
+                    facts, mine={} if found is None else {given: dynamic.slice_state(found)}
+                )
+            else:
+                listed = await kube.request(
+                    "GET",
+                    SLICES_PATH,
+                    query={"labelSelector": dynamic.owner_selector(self.namespace, self.name)},
+                )
+                items = (listed or {}).get("items", [])
+                mine = {item["metadata"]["name"]: dynamic.slice_state(item) for item in items}
+                facts = replace(facts, mine=mine)
             if dynamic_slice.needs_choice(facts):
                 everyone = await kube.request("GET", SLICES_PATH)
                 nodes = self.ctx.caches.tpu_nodes()
