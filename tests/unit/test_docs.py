@@ -39,6 +39,7 @@ from tpu_operator.builders import workload
 from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
 from tpu_operator.builders.supervision import Supervision
 from tpu_operator.builders.wiring import PodWiring, Ports
+from tpu_operator.policies import slice_check
 from tpu_operator.runtime import lease
 
 pytestmark = pytest.mark.unit
@@ -559,17 +560,31 @@ KUEUE_REASONS = {
     "ClusterQueueStopped",
     "FailedToStart",
     "Deactivated",
+    "AdmissionCheck",
     *workload.REQUEUE_REASONS,
 }
 """Kueue's own condition types and reasons, which the operator passes on unchanged."""
-OTHER_EVENTS = {"TriggeredScaleUp", "NotTriggerScaleUp", "Warning", "Normal"}
-"""The cluster autoscaler's events, which the docs point to on pods, and the event types."""
+SLICE_CHECK_CONDITIONS = {slice_check.FAILURE_CONDITION}
+"""GKE's Kueue slice controller's Workload condition, which the operator's check sets."""
+OTHER_EVENTS = {
+    "TriggeredScaleUp",
+    "NotTriggerScaleUp",
+    "Warning",
+    "Normal",
+    slice_check.SLICES_CREATED,
+    slice_check.FAILED_CREATE_SLICE,
+    slice_check.ADMISSION_CHECK_UPDATED,
+}
+"""The cluster autoscaler's events, which the docs point to on pods, the event types, and
+GKE's slice admission check's events (which the operator posts with GKE's reasons)."""
 POD_CONDITIONS = {"PodScheduled", "Ready", "ContainersReady", "Initialized"}
 """A pod's own conditions, which the docs name where the operator reads them."""
 
 
 def vocabulary_problems(text: str) -> Iterator[str]:
-    conditions = {str(c) for c in ConditionType} | KUEUE_CONDITIONS | POD_CONDITIONS
+    conditions = (
+        {str(c) for c in ConditionType} | KUEUE_CONDITIONS | POD_CONDITIONS | SLICE_CHECK_CONDITIONS
+    )
     reasons = {str(r) for r in Reason} | {str(p) for p in Phase} | KUEUE_REASONS
     phases = {str(p) for p in Phase}
     for kind, words, pattern in (

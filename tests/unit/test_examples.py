@@ -23,6 +23,7 @@ import yaml
 
 from tpu_operator import contract
 from tpu_operator.api.shape import ShapeFields
+from tpu_operator.placement import dynamic
 
 pytestmark = pytest.mark.unit
 
@@ -75,10 +76,9 @@ def test_every_queued_example_job_has_a_flavor_for_its_shape():
             queued.append(path.name)
             cluster_queue = cluster_queues[local_queues[queue]["spec"]["clusterQueue"]]
             shape = ShapeFields.model_validate(doc["spec"]["slice"]).resolve()
-            labels = {
-                contract.NODE_LABEL_ACCELERATOR: shape.accelerator,
-                contract.NODE_LABEL_TOPOLOGY: shape.topology,
-            }
+            labels = {contract.NODE_LABEL_ACCELERATOR: shape.accelerator}
+            if shape.dynamic is None:
+                labels[contract.NODE_LABEL_TOPOLOGY] = shape.topology
             offered = [
                 f["name"]
                 for group in cluster_queue["spec"]["resourceGroups"]
@@ -86,7 +86,33 @@ def test_every_queued_example_job_has_a_flavor_for_its_shape():
                 if labels.items() <= flavors[f["name"]]["spec"]["nodeLabels"].items()
             ]
             assert offered, f"{path.name}: no flavor of ClusterQueue for {labels}"
-    assert sorted(queued) == ["kueue-v5p-multislice.yaml", "v5p-multislice.yaml"]
+            if shape.dynamic is not None:
+                # Kueue places a dynamic slice by partition (a Topology with its level),
+                # and the queue has the slice admission check that forms its Slice.
+                level = contract.partition_id_label(dynamic.level(shape))
+                topologies = objects["Topology"]
+                assert any(
+                    level
+                    in [
+                        lv["nodeLabel"]
+                        for lv in topologies[flavors[f]["spec"]["topologyName"]]["spec"]["levels"]
+                    ]
+                    for f in offered
+                ), f"{path.name}: no flavor with a Topology level {level}"
+                checks = [
+                    c["name"]
+                    for c in cluster_queue["spec"]["admissionChecksStrategy"]["admissionChecks"]
+                ]
+                assert any(
+                    objects["AdmissionCheck"][c]["spec"]["controllerName"]
+                    == "accelerator.gke.io/slice"
+                    for c in checks
+                ), f"{path.name}: its ClusterQueue has no slice admission check"
+    assert sorted(queued) == [
+        "kueue-tpu7x-super-slice.yaml",
+        "kueue-v5p-multislice.yaml",
+        "v5p-multislice.yaml",
+    ]
 
 
 def all_documents() -> list[tuple[str, dict[str, Any]]]:
