@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from tests.unit.test_gang import pod
 from tpu_operator.placement.pools import pools_from_nodes
 from tpu_operator.runtime.caches import Caches
+from tpu_operator.state.gang import Member, assess
 from tpu_operator.state.views import NodeView
 
 pytestmark = pytest.mark.unit
@@ -90,3 +92,30 @@ def test_terminating_nodes_are_those_taken_back_before_a_time():
     assert caches.terminating_nodes(200.0) == {"b": 100.0}
     assert caches.terminating_nodes(300.0) == {"b": 100.0}  # before, not at
     assert caches.terminating_nodes(1e12) == {"b": 100.0, "a": 300.0}
+
+
+def test_a_node_of_an_unusable_ironwood_cube_is_lost_and_says_why():
+    """Ready, but in a cube GKE marked UNHEALTHY: lost to the pods on it, and their
+    failure names the cube's state rather than "the node is not ready"."""
+    cube = {"4x4x4": ("c1", "UNHEALTHY"), "2x2x2": ("p1", "HEALTHY")}
+    sick = NodeView("c-0", "cube", "tpu7x", "", True, False, False, None, 4, partitions=cube)
+    caches, _ = caches_with(sick, node("a"), node("b", ready=False))
+    lost = caches.not_ready_nodes(["c-0", "a", "b"])
+    assert lost == {"c-0", "b"}
+    failures = [
+        gang.failure
+        for gang in (
+            assess(
+                attempt=1,
+                members=[Member(0, 0, "j-0-0")],
+                pods=[pod("j-0-0", node=name)],
+                not_ready_nodes=lost,
+            )
+            for name in ("c-0", "b")
+        )
+    ]
+    assert [f.message for f in failures if f is not None] == [
+        "pod j-0-0 on node c-0: its Ironwood cube is UNHEALTHY "
+        "(cloud.google.com/gke-tpu-partition-4x4x4-state)",
+        "pod j-0-0 on node b: the node is not ready",
+    ]

@@ -94,6 +94,13 @@ def cube_lost(node: NodeView) -> bool:
     return entry is not None and entry[1] not in contract.PARTITION_USABLE_STATES
 
 
+def cube_lost_why(node: NodeView) -> str:
+    """What a node lost to its cube's state tells the pods on it."""
+    entry = node.partitions.get(catalog.CUBE_TOPOLOGY)
+    state = (entry[1] if entry else "") or "UNSET"
+    return f"its Ironwood cube is {state} ({contract.partition_state_label(catalog.CUBE_TOPOLOGY)})"
+
+
 @dataclass(frozen=True)
 class Choice:
     ids: tuple[str, ...] | None

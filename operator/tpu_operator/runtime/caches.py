@@ -37,9 +37,9 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from tpu_operator.placement.dynamic import cube_lost
+from tpu_operator.placement.dynamic import cube_lost, cube_lost_why
 from tpu_operator.runtime.ownership import SliceOwners, slice_job_name
-from tpu_operator.state.views import NodeView, PodView
+from tpu_operator.state.views import LostNodes, NodeView, PodView
 
 Index = Mapping[Any, Collection[Any]]
 TOMBSTONE_TTL = 3600.0
@@ -74,6 +74,8 @@ class NodeSnapshot:
     order."""
     derived: dict[str, Any] = field(default_factory=dict)
     """Values computed from the nodes alone (node pools), kept as long as the snapshot."""
+    lost_why: dict[str, str] = field(default_factory=dict)
+    """Node -> why it is lost though Ready (its Ironwood cube's state), for those few."""
 
 
 VERSIONS = itertools.count(1)
@@ -326,6 +328,9 @@ class Caches:
                 frozenset(n for n, v in by_name.items() if not v.ready or cube_lost(v)),
                 {n: v.disruption_notice for n, v in by_name.items() if v.disruption_notice},
                 sorted((v.terminates_at, n) for n, v in by_name.items() if v.terminates_at),
+                lost_why={
+                    n: cube_lost_why(v) for n, v in by_name.items() if v.ready and cube_lost(v)
+                },
             )
             self._node_snapshot = snapshot
         return snapshot
@@ -358,10 +363,13 @@ class Caches:
         return snapshot.derived[name]
 
     def not_ready_nodes(self, names: Iterable[str | None]) -> frozenset[str]:
-        """The nodes among ``names`` that are not Ready or no longer exist."""
+        """The nodes among ``names`` that are not Ready or no longer exist, or are lost to
+        their pods otherwise (``LostNodes.why`` says how)."""
         snapshot = self._nodes_now()
         by_name, not_ready = snapshot.by_name, snapshot.not_ready
-        return frozenset(n for n in names if n and (n in not_ready or n not in by_name))
+        lost = [n for n in names if n and (n in not_ready or n not in by_name)]
+        why = snapshot.lost_why
+        return LostNodes(lost, {n: why[n] for n in lost if n in why} if why else None)
 
 
 def slice_sharing(body: Mapping[str, Any]) -> int:

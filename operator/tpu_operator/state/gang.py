@@ -19,7 +19,7 @@ from typing import Literal
 
 from tpu_operator import contract
 from tpu_operator.api.status import DISRUPTION_REASONS, Reason
-from tpu_operator.state.views import DEFAULT_SCHEDULER, PodView
+from tpu_operator.state.views import DEFAULT_SCHEDULER, LostNodes, PodView
 from tpu_operator.timestamps import parse
 
 Outcome = Literal["Creating", "Starting", "Running", "Succeeded", "Failed"]
@@ -239,9 +239,10 @@ def _classify(
     phase = pod.outcome_phase
     ended = phase == "Succeeded" or phase == "Failed"
     if not ended and pod.node and pod.node in not_ready_nodes:
+        why = not_ready_nodes.why if isinstance(not_ready_nodes, LostNodes) else {}
         return WorkerFailure(
             Reason.NODE_LOST,
-            f"{_where(pod)}: the node is not ready",
+            f"{_where(pod)}: {why.get(pod.node) or 'the node is not ready'}",
             pod.name,
             pod.node,
             None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -361,6 +361,18 @@ def pod_view(
         awaiting_scheduler=_shared(awaiting_scheduler),
         label_attempt=label_attempt if label_attempt != attempt else -1,
     )
+
+
+class LostNodes(frozenset[str]):
+    """Nodes lost to the pods on them (not Ready, gone, or in an Ironwood cube GKE marked
+    unusable), with why for those where it is not that the node is not ready."""
+
+    why: Mapping[str, str]
+
+    def __new__(cls, names: Iterable[str], why: Mapping[str, str] | None = None) -> LostNodes:
+        made = super().__new__(cls, names)
+        made.why = dict(why or {})
+        return made
 
 
 @dataclass(frozen=True, slots=True)
