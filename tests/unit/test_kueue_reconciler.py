@@ -19,6 +19,7 @@ from tpu_operator import contract, controllers
 from tpu_operator.builders.workload import POD_SET, WORKLOAD_PLURAL
 from tpu_operator.policies import slice_check
 from tpu_operator.reconcile.queueing import POSITION_SECONDS, pending_positions
+from tpu_operator.reconcile.slice_check import SETTLED_SECONDS
 
 pytestmark = pytest.mark.unit
 
@@ -678,6 +679,26 @@ def test_the_slice_admission_check_forms_the_job_s_slice_and_sets_only_its_own_e
         name
     }
     assert [k for k in cluster.objects if k.startswith(f"{SLICES}/")] == [f"{SLICES}/{name}"]
+
+    # Settled: pod events read no Slice; one list per SETTLED_SECONDS finds a deleted one.
+    def slice_lists() -> int:
+        return sum(1 for r in cluster.requests if r.verb == "GET" and r.path == SLICES)
+
+    cluster.run_pods("j")
+    cluster.clear_requests()
+    cluster.settle()
+    cluster.reconcile_job("j")
+    assert slice_lists() == 0
+    del cluster.objects[f"{SLICES}/{name}"]  # someone deletes it
+    cluster.advance(SETTLED_SECONDS)
+    cluster.reconcile_job("j")
+    assert slice_lists() == 1
+    check = next(
+        c for c in cluster.workload()["status"]["admissionChecks"] if c["name"] == "slices"
+    )
+    assert (check["state"], check["message"]) == ("Retry", "Slice has been deleted")
+    assert cluster.job("j")["status"]["phase"] == "Queued"  # stopped as evicted, not failed
+    assert cluster.job("j")["status"].get("restarts", 0) == 0
 
     # The job deleted: its Slice goes too (cluster-scoped, nothing else collects it).
     cluster.delete_job("j")

@@ -137,6 +137,9 @@ class Context:
     """Kueue AdmissionCheck name -> its controllerName, read once (reconcile/slice_check.py)."""
     active_checks: set[str] = field(default_factory=set)
     """The slice controller's AdmissionChecks seen Active or marked so by the operator."""
+    slices_read: dict[tuple[str, str], float] = field(default_factory=dict)
+    """TPUJob (namespace, name) -> when its slice admission check last listed the Slices
+    (``reconcile/slice_check.py``: a settled check looks again only every so often)."""
     queue_topologies: dict[tuple[str, str], tuple[bool, float]] = field(default_factory=dict)
     """Kueue LocalQueue (namespace, name) -> whether its ClusterQueue has a flavor with a
     Topology (topology-aware scheduling), and when that was read

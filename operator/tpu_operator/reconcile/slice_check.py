@@ -43,6 +43,9 @@ from tpu_operator.runtime.kube import ApiError
 log = logging.getLogger(__name__)
 
 ADMISSION_CHECK_PLURAL = "admissionchecks"
+SETTLED_SECONDS = 30.0
+"""How often a Ready check of a job that keeps its admission lists the Slices again (for a
+Slice GKE failed or someone deleted); a pod or node event in between reads none."""
 
 
 def _checks_path(name: str, subresource: str | None = None) -> str:
@@ -126,6 +129,7 @@ def _owner_label(namespace: str, job: str) -> str:
 async def release(ctx: Context, namespace: str, job: str) -> None:
     """Delete the GKE Slices the check formed for a TPUJob that is gone (cluster-scoped:
     no owner reference collects them)."""
+    ctx.slices_read.pop((namespace, job), None)
     if not ctx.caches.dynamic_slicing_seen:
         return
     selector = f"{contract.LABEL_WORKLOAD_OWNER}={_owner_label(namespace, job)}"
@@ -151,6 +155,8 @@ class SliceCheck:
     check: str
     """The Workload's admission check this controller serves."""
     facts: slice_check.CheckFacts | None = None
+    settled: float | None = None
+    """Ready and unchanged: no Slice was read, and none is until this many seconds."""
 
     @property
     def names(self) -> list[str]:
@@ -187,34 +193,10 @@ class SliceCheck:
         return {}
 
     async def observe(self, release: bool) -> None:
-        """Read what the check is decided from: every Slice (few: one per slice), the
-        topology assignment of the admission and the nodes' partitions."""
+        """Read what the check is decided from: the topology assignment of the admission,
+        the nodes' partitions and, unless the check is settled (Ready, nothing unhealthy,
+        Slices read less than ``SETTLED_SECONDS`` ago), every Slice (few: one per slice)."""
         meta = self.workload["metadata"]
-        try:
-            listed = await self.ctx.kube.request("GET", SLICES_PATH)
-        except ApiError as exc:
-            if exc.status == 429 or (exc.status >= 500 and exc.status != 503):
-                raise
-            # No Slice CRD (GKE's slice controller not enabled) or no RBAC: the check is
-            # left as it is, and the job waits for it, saying so through Kueue's state.
-            log.warning(
-                "cannot read GKE Slices for admission check %s of Workload %s/%s (%s): is "
-                "the slice controller enabled (--enable-slice-controller), and may the "
-                "operator list slices.accelerator.gke.io (the chart grants it)?",
-                self.check,
-                meta["namespace"],
-                meta["name"],
-                exc.message,
-            )
-            return
-        items = (listed or {}).get("items", [])
-        mine = {
-            item["metadata"]["name"]: item
-            for item in items
-            if (item["metadata"].get("annotations") or {}).get(slice_check.OWNER_NAMESPACE)
-            == meta["namespace"]
-            and item["metadata"]["annotations"].get(slice_check.OWNER_NAME) == meta["name"]
-        }
         level = dynamic.level(self.shape)
         nodes = self.ctx.caches.tpu_nodes()
         partition_of = {
@@ -241,9 +223,48 @@ class SliceCheck:
                 bad = sorted(states - set(contract.PARTITION_USABLE_STATES))
                 if bad:
                     unhealthy[pid] = "/".join(bad)
+        current = self.current()
+        key = (meta["namespace"], self.job["metadata"]["name"])
+        now = self.ctx.clock()
+        last = self.ctx.slices_read.get(key)
+        if (
+            current.get("state") == slice_check.READY
+            and not release
+            and not unhealthy
+            and last is not None
+            and now.timestamp() - last < SETTLED_SECONDS
+        ):
+            self.settled = SETTLED_SECONDS - (now.timestamp() - last)
+            return
+        try:
+            listed = await self.ctx.kube.request("GET", SLICES_PATH)
+        except ApiError as exc:
+            if exc.status == 429 or (exc.status >= 500 and exc.status != 503):
+                raise
+            # No Slice CRD (GKE's slice controller not enabled) or no RBAC: the check is
+            # left as it is, and the job waits for it, saying so through Kueue's state.
+            log.warning(
+                "cannot read GKE Slices for admission check %s of Workload %s/%s (%s): is "
+                "the slice controller enabled (--enable-slice-controller), and may the "
+                "operator list slices.accelerator.gke.io (the chart grants it)?",
+                self.check,
+                meta["namespace"],
+                meta["name"],
+                exc.message,
+            )
+            return
+        self.ctx.slices_read[key] = now.timestamp()
+        items = (listed or {}).get("items", [])
+        mine = {
+            item["metadata"]["name"]: item
+            for item in items
+            if (item["metadata"].get("annotations") or {}).get(slice_check.OWNER_NAMESPACE)
+            == meta["namespace"]
+            and item["metadata"]["annotations"].get(slice_check.OWNER_NAME) == meta["name"]
+        }
         self.facts = slice_check.CheckFacts(
             check=self.check,
-            current=self.current(),
+            current=current,
             namespace=meta["namespace"],
             workload=meta["name"],
             pod_set=POD_SET,
@@ -256,7 +277,7 @@ class SliceCheck:
             mine=mine,
             taken=dynamic.taken_partitions(items),
             unhealthy=unhealthy,
-            now=self.ctx.clock(),
+            now=now,
         )
 
     def retrying(self) -> str | None:
@@ -274,8 +295,8 @@ class SliceCheck:
 
     async def act(self, pods_gone: bool) -> float | None:
         """Do what the check's decision says; returns when to look again."""
-        if self.facts is None:
-            return slice_check.RETRY_SECONDS  # the Slices could not be read
+        if self.facts is None:  # settled, or the Slices could not be read
+            return self.settled if self.settled is not None else slice_check.RETRY_SECONDS
         plan = slice_check.decide(replace(self.facts, pods_gone=pods_gone))
         kube, ref = self.ctx.kube, job_ref(self.job)
         meta = self.workload["metadata"]
