@@ -310,6 +310,70 @@ def _vocabulary() -> list[str]:
     return lines
 
 
+CAPACITY_ROWS = [
+    [
+        "node pools that exist (on-demand, Spot, a reservation)",
+        "`spec.placement` `spot`, `reservation`, `nodePools`, `nodeSelector`",
+        "`cloud.google.com/gke-spot`, `cloud.google.com/reservation-name`, the pool's "
+        "accelerator and topology labels",
+        "[spot and reservations](../tasks/spot-and-reservations.md)",
+    ],
+    [
+        "pools GKE creates for the job (node auto-provisioning)",
+        "`spec.placement.provisioning: Auto` (or the operator's default)",
+        "a per-slice pool label and taint GKE creates the pool for",
+        "[slices and pools](../concepts/slices-and-pools.md)",
+    ],
+    [
+        "flex-start VMs (Dynamic Workload Scheduler)",
+        "`spec.placement.capacity: FlexStart`, `maxRunDurationSeconds`",
+        '`cloud.google.com/gke-flex-start: "true"`, the run duration, their toleration',
+        "[capacity](../tasks/capacity.md#sources)",
+    ],
+    [
+        "queued provisioning (all VMs at once)",
+        "`spec.placement.capacity: QueuedProvisioning`, `maxRunDurationSeconds`",
+        "`cloud.google.com/gke-queued`, the ProvisioningRequest annotations; through Kueue's "
+        "ProvisioningRequest admission check or, without Kueue, one request per slice",
+        "[capacity](../tasks/capacity.md#sources)",
+    ],
+    [
+        "Ironwood super-slices and sub-slices (GKE's slice controller)",
+        "`spec.slice.dynamicSlicing`",
+        "`cloud.google.com/gke-tpu-slice`, the `gke-tpu-slice-topology` annotation; "
+        "through Kueue, the `accelerator.gke.io/slice` admission check the operator serves",
+        "[dynamic slicing](../tasks/dynamic-slicing.md#sources-and-where-they-are-thin)",
+    ],
+    [
+        "falling back when capacity does not come",
+        "`spec.placement.fallbacks`, `spec.waitingTimeoutSeconds`",
+        "the next step's selectors",
+        "[falling back](../tasks/spot-and-reservations.md#falling-back-when-capacity-does-not-come)",
+    ],
+    [
+        "a Kueue queue",
+        "label `kueue.x-k8s.io/queue-name`",
+        "what the admitting flavor and checks give",
+        "[Kueue](../tasks/kueue.md)",
+    ],
+]
+"""The ways a job gets its TPUs, for the reference's capacity section."""
+
+
+def _capacity() -> list[str]:
+    return [
+        "## Capacity",
+        "",
+        "How a job gets its TPUs, the fields that choose it, what its pods then carry for "
+        "GKE, and the page with the GKE and xpk sources each follows. A job that waits for "
+        "any of them says what for and since when (condition `PodsScheduled`, "
+        "`status.queue` under Kueue; [troubleshooting](../tasks/troubleshooting.md)).",
+        "",
+        *_table(["capacity", "fields", "the pods carry", "sources"], CAPACITY_ROWS),
+        "",
+    ]
+
+
 def api_page() -> str:
     crds = crdgen.crds()
     lines = _header(
@@ -329,6 +393,7 @@ def api_page() -> str:
     lines += _kind_section(
         contract.SLICE_KIND, crds[f"{contract.GROUP}_{contract.SLICE_PLURAL}.yaml"]
     )
+    lines += _capacity()
     lines += _vocabulary()
     return "\n".join(lines).rstrip() + "\n"
 
