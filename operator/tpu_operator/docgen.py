@@ -348,7 +348,8 @@ CAPACITY_ROWS = [
         "falling back when capacity does not come",
         "`spec.placement.fallbacks`, `spec.waitingTimeoutSeconds`",
         "the next step's selectors",
-        "[falling back](../tasks/spot-and-reservations.md#falling-back-when-capacity-does-not-come)",
+        "[falling back](../tasks/spot-and-reservations.md"
+        "#falling-back-when-capacity-does-not-come)",
     ],
     [
         "a Kueue queue",
