@@ -280,15 +280,16 @@ def _essence(template: dict[str, Any]) -> Any:
 
 
 # Reading Kueue's verdict.
-def _condition(workload: dict[str, Any], type_: str) -> dict[str, Any] | None:
+def condition_of(workload: Mapping[str, Any], type_: str) -> dict[str, Any] | None:
+    """A condition of a Workload (or of any object with ``status.conditions``)."""
     for cond in (workload.get("status") or {}).get("conditions") or []:
         if cond.get("type") == type_:
             return dict(cond)
     return None
 
 
-def _true(workload: dict[str, Any], type_: str) -> bool:
-    cond = _condition(workload, type_)
+def condition_true(workload: Mapping[str, Any], type_: str) -> bool:
+    cond = condition_of(workload, type_)
     return cond is not None and cond.get("status") == "True"
 
 
@@ -599,10 +600,10 @@ def queue_state(
     if workload is None:
         return MISSING
     held = bool((workload.get("status") or {}).get("admission"))
-    if _true(workload, FINISHED):
-        cond = _condition(workload, FINISHED) or {}
+    if condition_true(workload, FINISHED):
+        cond = condition_of(workload, FINISHED) or {}
         return QueueState("Finished", cond.get("reason", ""), cond.get("message", ""))
-    evicted = _condition(workload, EVICTED)
+    evicted = condition_of(workload, EVICTED)
     if evicted is not None and evicted.get("status") == "True":
         return QueueState(
             "Evicted",
@@ -611,8 +612,8 @@ def queue_state(
             admission_held=held,
         )
     found = flavors or {}
-    if _true(workload, ADMITTED) and held:
-        cond = _condition(workload, ADMITTED) or {}
+    if condition_true(workload, ADMITTED) and held:
+        cond = condition_of(workload, ADMITTED) or {}
         return _admitted(
             "Admitted",
             str(cond.get("reason") or "Admitted"),
@@ -624,7 +625,7 @@ def queue_state(
             slices,
             pool_of,
         )
-    reserved = _condition(workload, QUOTA_RESERVED)
+    reserved = condition_of(workload, QUOTA_RESERVED)
     if reserved is not None and reserved.get("status") == "True" and held:
         return _admitted(
             "Reserved",
@@ -675,7 +676,7 @@ def clear_admission(workload: dict[str, Any], now: str) -> dict[str, Any]:
     """The Workload status that gives an evicted job's quota back (Kueue's contract once
     the job is no longer active: admission cleared, QuotaReserved and Admitted False,
     Requeued as Kueue wants it)."""
-    evicted = _condition(workload, EVICTED) or {}
+    evicted = condition_of(workload, EVICTED) or {}
     reason = str(evicted.get("reason") or "")
     message = str(evicted.get("message") or "evicted")
     conditions = list((workload.get("status") or {}).get("conditions") or [])
@@ -748,7 +749,7 @@ def with_condition(
     workload: dict[str, Any], type_: str, value: bool, reason: str, message: str, now: str
 ) -> list[dict[str, Any]] | None:
     """The Workload's conditions with ``type_`` set; None if nothing would change."""
-    cond = _condition(workload, type_)
+    cond = condition_of(workload, type_)
     wanted = "True" if value else "False"
     if cond is not None and cond.get("status") == wanted and cond.get("reason") == reason:
         return None

@@ -13,6 +13,7 @@ from tpu_operator import contract
 from tpu_operator.api.conditions import now as utc_now
 from tpu_operator.api.conditions import set_condition, stamp
 from tpu_operator.api.status import Reason
+from tpu_operator.builders.workload import KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL
 from tpu_operator.placement.pools import NO_SPARES, Spares
 from tpu_operator.policies.plan import Metrics, SliceRefusal
 from tpu_operator.policies.slice_phase import PodRefusal
@@ -192,6 +193,18 @@ def _owner(meta: dict[str, Any]) -> dict[str, Any]:
 
 def _owner_uid(meta: dict[str, Any]) -> str:
     return str(_owner(meta).get("uid", ""))
+
+
+def workload_path(namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    """The path of a Kueue Workload (or of the collection, without ``name``)."""
+    return namespaced(
+        namespace,
+        WORKLOAD_PLURAL,
+        name,
+        group=KUEUE_GROUP,
+        version=KUEUE_VERSION,
+        subresource=subresource,
+    )
 
 
 def job_ref(body: dict[str, Any]) -> ObjectRef:

@@ -49,7 +49,6 @@ from tpu_operator.builders.workload import (
     PODS_READY,
     PRIORITY_CLASS_PLURAL,
     RESOURCE_FLAVOR_PLURAL,
-    WORKLOAD_PLURAL,
     Priority,
     QueueState,
     apply_assignment,
@@ -70,9 +69,9 @@ from tpu_operator.policies.admission import NO_ADMISSION, Admission
 from tpu_operator.policies.failure import fail
 from tpu_operator.policies.plan import Act, JobFacts, Plan
 from tpu_operator.policies.suspend import stopped
-from tpu_operator.reconcile.context import Context, job_ref
+from tpu_operator.reconcile.context import Context, job_ref, workload_path
 from tpu_operator.reconcile.slice_check import SliceCheck, activate
-from tpu_operator.runtime.kube import ApiError, namespaced
+from tpu_operator.runtime.kube import ApiError
 
 log = logging.getLogger(__name__)
 VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
@@ -85,17 +84,6 @@ UNSERVED_SECONDS = 300.0
 or forbidden), it is not asked again for this long."""
 SUSPEND_ANNOTATION = "tpu-operator.dev/deactivated-for-suspend"
 """On a Workload the operator deactivated because its job is suspended."""
-
-
-def workload_path(namespace: str, name: str | None = None, subresource: str | None = None) -> str:
-    return namespaced(
-        namespace,
-        WORKLOAD_PLURAL,
-        name,
-        group=KUEUE_GROUP,
-        version=KUEUE_VERSION,
-        subresource=subresource,
-    )
 
 
 def pending_positions(summary: dict[str, Any]) -> dict[str, tuple[int, int]]:
@@ -164,7 +152,7 @@ async def queue_topology(ctx: Context, namespace: str, local_queue: str) -> bool
                     found = True
                     break
     except ApiError as exc:
-        if exc.status == 429 or (exc.status >= 500 and exc.status != 503):
+        if exc.apiserver_trouble:
             raise
         if known is None:
             log.warning(
@@ -226,7 +214,7 @@ async def _read_positions(ctx: Context, namespace: str, local_queue: str) -> Que
     try:
         summary = await ctx.kube.get(path)
     except ApiError as exc:
-        if exc.status == 429 or (exc.status >= 500 and exc.status != 503):
+        if exc.apiserver_trouble:
             raise
         log.info(
             "Kueue's visibility API does not answer for LocalQueue %s/%s (%s): queue "

@@ -30,14 +30,16 @@ from tpu_operator.builders.workload import (
     KUEUE_GROUP,
     KUEUE_VERSION,
     POD_SET,
-    WORKLOAD_PLURAL,
+    QUOTA_RESERVED,
+    condition_of,
+    condition_true,
     with_condition,
 )
 from tpu_operator.catalog import SliceShape
 from tpu_operator.placement import dynamic
 from tpu_operator.policies import slice_check
-from tpu_operator.reconcile.context import Context, job_ref
-from tpu_operator.reconcile.slices import SLICES_PATH
+from tpu_operator.reconcile.context import Context, job_ref, workload_path
+from tpu_operator.reconcile.slices import SLICES_PATH, node_partitions
 from tpu_operator.runtime.kube import ApiError
 
 log = logging.getLogger(__name__)
@@ -59,10 +61,17 @@ async def controller_of(ctx: Context, name: str) -> str:
     known = ctx.admission_checks.get(name)
     if known is not None:
         return known
+    found = await _read_check(ctx, name)
+    return str(((found or {}).get("spec") or {}).get("controllerName") or "")
+
+
+async def _read_check(ctx: Context, name: str) -> dict[str, Any] | None:
+    """An AdmissionCheck, its controller remembered (None when it does not exist or cannot
+    be read)."""
     try:
         found = await ctx.kube.get(_checks_path(name))
     except ApiError as exc:
-        if exc.status == 429 or (exc.status >= 500 and exc.status != 503):
+        if exc.apiserver_trouble:
             raise
         log.warning(
             "cannot read AdmissionCheck %s (%s): grant the operator get on admissionchecks "
@@ -70,36 +79,31 @@ async def controller_of(ctx: Context, name: str) -> str:
             name,
             exc.message,
         )
-        return ""
-    controller = str(((found or {}).get("spec") or {}).get("controllerName") or "")
+        return None
     if found is not None:
-        ctx.admission_checks[name] = controller
-    return controller
+        ctx.admission_checks[name] = str((found.get("spec") or {}).get("controllerName") or "")
+    return found
 
 
 async def activate(ctx: Context, names: list[str]) -> None:
     """Mark the slice controller's AdmissionChecks among ``names`` Active, as GKE's
     controller does for its own (Kueue keeps a ClusterQueue whose checks are not active
-    from admitting anything)."""
+    from admitting anything). Each is read once per operator (a known other controller's
+    not at all)."""
     for name in names:
-        if await controller_of(ctx, name) != slice_check.CONTROLLER_NAME:
+        if name in ctx.active_checks or ctx.admission_checks.get(name, "") not in (
+            "",
+            slice_check.CONTROLLER_NAME,
+        ):
             continue
-        if name in ctx.active_checks:
+        found = await _read_check(ctx, name)
+        if found is None or ctx.admission_checks[name] != slice_check.CONTROLLER_NAME:
             continue
-        try:
-            found = await ctx.kube.get(_checks_path(name)) or {}
-            for condition in (found.get("status") or {}).get("conditions") or []:
-                if condition.get("type") == "Active" and condition.get("status") == "True":
-                    break
-            else:
-                conditions = with_condition(
-                    found,
-                    "Active",
-                    True,
-                    "Active",
-                    "The admission check is active",
-                    stamp(ctx.clock()),
-                )
+        if not condition_true(found, "Active"):
+            conditions = with_condition(
+                found, "Active", True, "Active", "The admission check is active", stamp(ctx.clock())
+            )
+            try:
                 await ctx.kube.merge_patch(
                     _checks_path(name, "status"),
                     {
@@ -107,18 +111,18 @@ async def activate(ctx: Context, names: list[str]) -> None:
                         "status": {"conditions": conditions},
                     },
                 )
-                log.info("AdmissionCheck %s (%s) marked Active", name, slice_check.CONTROLLER_NAME)
-        except ApiError as exc:
-            if exc.status == 429 or (exc.status >= 500 and exc.status != 503):
-                raise
-            log.warning(
-                "cannot mark AdmissionCheck %s Active (%s): Kueue admits nothing through a "
-                "ClusterQueue that lists it until then; grant the operator patch on "
-                "admissionchecks/status (the chart does with kueue.enabled)",
-                name,
-                exc.message,
-            )
-            continue
+            except ApiError as exc:
+                if exc.apiserver_trouble:
+                    raise
+                log.warning(
+                    "cannot mark AdmissionCheck %s Active (%s): Kueue admits nothing through "
+                    "a ClusterQueue that lists it until then; grant the operator patch on "
+                    "admissionchecks/status (the chart does with kueue.enabled)",
+                    name,
+                    exc.message,
+                )
+                continue
+            log.info("AdmissionCheck %s (%s) marked Active", name, slice_check.CONTROLLER_NAME)
         ctx.active_checks.add(name)
 
 
@@ -197,26 +201,18 @@ class SliceCheck:
         the nodes' partitions and, unless the check is settled (Ready, nothing unhealthy,
         Slices read less than ``SETTLED_SECONDS`` ago), every Slice (few: one per slice)."""
         meta = self.workload["metadata"]
-        level = dynamic.level(self.shape)
-        nodes = self.ctx.caches.tpu_nodes()
-        partition_of = {
-            node.name: node.partitions[level][0] for node in nodes if level in node.partitions
-        }
+        found = node_partitions(self.ctx, dynamic.level(self.shape))
         wanted = None
-        status = self.workload.get("status") or {}
-        admission = status.get("admission") or {}
-        reserved = any(
-            c.get("type") == "QuotaReserved" and c.get("status") == "True"
-            for c in status.get("conditions") or []
-        )
-        for assignment in admission.get("podSetAssignments") or []:
-            if reserved and assignment.get("name") == POD_SET:
-                wanted = slice_check.partitions_from_assignment(
-                    assignment.get("topologyAssignment") or {}, partition_of, self.num_slices
-                )
+        admission = (self.workload.get("status") or {}).get("admission") or {}
+        if condition_true(self.workload, QUOTA_RESERVED):
+            partition_of = {node: pid for pid, part in found.items() for node in part.nodes}
+            for assignment in admission.get("podSetAssignments") or []:
+                if assignment.get("name") == POD_SET:
+                    wanted = slice_check.partitions_from_assignment(
+                        assignment.get("topologyAssignment") or {}, partition_of, self.num_slices
+                    )
         unhealthy: dict[str, str] = {}
         if wanted:
-            found = dynamic.partitions(nodes, level)
             for pid in (pid for chunk in wanted for pid in chunk):
                 partition = found.get(pid)
                 states = partition.states if partition is not None else frozenset({"UNSET"})
@@ -239,7 +235,7 @@ class SliceCheck:
         try:
             listed = await self.ctx.kube.request("GET", SLICES_PATH)
         except ApiError as exc:
-            if exc.status == 429 or (exc.status >= 500 and exc.status != 503):
+            if exc.apiserver_trouble:
                 raise
             # No Slice CRD (GKE's slice controller not enabled) or no RBAC: the check is
             # left as it is, and the job waits for it, saying so through Kueue's state.
@@ -353,15 +349,7 @@ class SliceCheck:
             checks.append(entry)
         body: dict[str, Any] = {"admissionChecks": checks}
         condition = slice_check.failure_condition(
-            plan,
-            next(
-                (
-                    c
-                    for c in status.get("conditions") or []
-                    if c.get("type") == slice_check.FAILURE_CONDITION
-                ),
-                None,
-            ),
+            plan, condition_of(self.workload, slice_check.FAILURE_CONDITION)
         )
         if condition is not None:
             conditions = with_condition(
@@ -374,13 +362,10 @@ class SliceCheck:
             )
             if conditions is not None:
                 body["conditions"] = conditions
-        path = (
-            f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/namespaces/{meta['namespace']}/"
-            f"{WORKLOAD_PLURAL}/{meta['name']}/status"
-        )
         try:
             await self.ctx.kube.merge_patch(
-                path, {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": body}
+                workload_path(meta["namespace"], meta["name"], "status"),
+                {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": body},
             )
         except ApiError as exc:
             if exc.conflict or exc.not_found:

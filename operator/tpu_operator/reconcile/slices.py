@@ -172,6 +172,14 @@ class SliceReconciler:
         return await SliceRun(ctx, body, spec, role).reconcile()
 
 
+def node_partitions(ctx: Context, level: str) -> dict[str, dynamic.Partition]:
+    """The partitions of ``level`` (e.g. 4x4x4) the TPU nodes' labels describe, by id:
+    computed once per node snapshot (every dynamic slice and slice check reads them)."""
+    return ctx.caches.from_nodes(
+        f"partitions/{level}", lambda nodes: dynamic.partitions(nodes, level)
+    )
+
+
 async def release_dynamic_slices(ctx: Context, namespace: str, name: str) -> float | None:
     """Delete the GKE Slices of a TPUSlice that is gone (they are cluster-scoped: no owner
     reference collects them). Nothing to do, and nothing asked twice, where the Slice CRD
@@ -601,7 +609,7 @@ class SliceRun:
                 taken = dynamic.taken_partitions((everyone or {}).get("items", []))
                 choice = dynamic.choose(
                     self.shape,
-                    dynamic.partitions(nodes, dynamic.level(self.shape)),
+                    node_partitions(self.ctx, dynamic.level(self.shape)),
                     dynamic.busy_nodes(nodes, taken),
                 )
                 facts = replace(facts, choice=choice)

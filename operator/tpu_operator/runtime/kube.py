@@ -122,6 +122,13 @@ class ApiError(Exception):
     def invalid(self) -> bool:
         return self.status in (400, 422)
 
+    @property
+    def apiserver_trouble(self) -> bool:
+        """429, or a 5xx other than 503: the apiserver's own trouble, for the work queue to
+        back off on. (A 503 from an aggregated or optional API says it is not served here,
+        which a caller reading such an API treats as an answer.)"""
+        return self.status == 429 or (self.status >= 500 and self.status != 503)
+
 
 @dataclass(frozen=True)
 class RequestRecord:
