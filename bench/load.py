@@ -23,6 +23,13 @@ cluster:
 - ``bare``: ``bare_client.py`` (the official client in 32 threads, raw JSON) POSTs the same
   pods (built with the operator's ``worker_pod``; without owner references, since nothing
   here collects them) and nothing else; timed from its go to every pod Running.
+- ``bare-svc`` (only when asked for): the bare client's pods with, made before the go,
+  the headless Service of each job the operator makes (``builders/service.py``): what any
+  system whose workers find each other by DNS pays on top of the pods, the Service's
+  endpoints kept by the kube-controller-manager while the pods start (JobSet makes one
+  per JobSet too). Here the pods' addresses are loopback ones, which the apiserver
+  refuses in Endpoints and EndpointSlices: the controllers' writes fail and are retried
+  (on GKE they succeed), so this measures their cost only roughly.
 - ``jobset``: JobSet (``jobset.py``, built from its Go module; namespace ``load-js``) gets
   the same jobs as JobSets, POSTed 32 at a time: one replicated Indexed Job per slice, the
   operator's worker pod spec, a node pool per multi-host slice through JobSet's exclusive
@@ -77,7 +84,8 @@ from localcluster import Cluster
 from localcluster.agent.kube import Kube
 from tpu_operator import catalog, contract
 from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
-from tpu_operator.builders.wiring import PodWiring
+from tpu_operator.builders.service import headless_service
+from tpu_operator.builders.wiring import PodWiring, Ports
 
 MIX = (("v5litepod-4", 1, 40), ("v5litepod-16", 1, 30), ("v5litepod-64", 1, 22),
        ("v5litepod-128", 2, 8))  # fmt: skip
@@ -86,6 +94,7 @@ NAMESPACES = {
     "operator": "load-op",
     "operator-b": "load-opb",
     "bare": "load-bare",
+    "bare-svc": "load-bsvc",
     "jobset": "load-js",
 }
 VARIANTS = tuple(NAMESPACES)
@@ -97,6 +106,8 @@ WINDOW = 10.0
 """Seconds per CPU sample while the jobs start."""
 TIMEOUT = 1800.0
 DRAIN_RETRY = 60.0
+REQUEST_ROWS = 16
+"""Rows of the apiserver's requests the report prints (the most frequent)."""
 
 
 @dataclass(frozen=True)
@@ -318,6 +329,7 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
     try:
         harness.reset_peak(operator.pid)
         cpu, requests = operator.cpu(), requests_of(operator)
+        cluster_cpu, served = components_cpu(bench), await apiserver_requests(bench)
         sampler = CpuSampler(operator.pid)
         profiler = await harness.profile(
             operator.pid, bench.profile, f"load-start-{variant}-{rep}.txt"
@@ -329,6 +341,8 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
         )
         posted = time.monotonic() - started
         await pods.wait(lambda: pods.at("running", "1", total), TIMEOUT, "every pod Running")
+        components = components_spent(bench, cluster_cpu)
+        served = await requests_spent(bench, served)
 
         def jobs_running() -> bool:
             return sum(1 for s in jobs.objects.values() if s.phase == "Running") == count
@@ -341,6 +355,8 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
             "created": pods.at("created", "1", total) - started,  # type: ignore[operator]
             "running": pods.at("running", "1", total) - started,  # type: ignore[operator]
             "job_running": job_running - started,
+            "components": components,
+            "apiserver_requests": served,
         }
         shares = await sampler.stop()
         result["cpu"] = operator.cpu() - cpu
@@ -421,15 +437,38 @@ async def restart(
     }
 
 
-async def trial_bare(bench: Bench, rep: int) -> dict[str, Any]:
-    namespace = NAMESPACES["bare"]
+def services(plans: list[JobPlan], namespace: str) -> list[dict[str, Any]]:
+    """The headless Service of each job, as the operator makes it (owner references
+    dropped)."""
+    owner = Owner(contract.API_VERSION, contract.JOB_KIND, "inert", "0")
+    bodies = []
+    for p in plans:
+        service = headless_service(
+            name=p.name,
+            namespace=namespace,
+            selector={contract.LABEL_JOB_NAME: p.name},
+            owner=owner,
+            ports=Ports(),
+        )
+        del service["metadata"]["ownerReferences"]
+        bodies.append(service)
+    return bodies
+
+
+async def trial_bare(bench: Bench, rep: int, variant: str = "bare") -> dict[str, Any]:
+    namespace = NAMESPACES[variant]
     total = bench.total_pods
+    if variant == "bare-svc":
+        say(f"{variant}: POSTing {len(bench.plans)} headless Services (not timed)")
+        path = f"/api/v1/namespaces/{namespace}/services"
+        await post_all(bench.api, [(path, body) for body in services(bench.plans, namespace)])
     pods_file = bench.cluster.directory / "load.pods.json"
     pods_file.write_text(json.dumps({"first": bare_pods(bench.plans, namespace), "second": []}))
     pods = PodCounts(bench.api, pods_path(namespace))
     await pods.start()
     bare = await BareProcess.start(bench, namespace, pods_file, "each")  # type: ignore[arg-type]
     try:
+        cluster_cpu, served = components_cpu(bench), await apiserver_requests(bench)
         started = await bare.go()
         go = await bare.expect("go")
         created = await bare.expect("created")
@@ -438,12 +477,17 @@ async def trial_bare(bench: Bench, rep: int) -> dict[str, Any]:
             "created": pods.at("created", "1", total) - started,  # type: ignore[operator]
             "running": pods.at("running", "1", total) - started,  # type: ignore[operator]
             "cpu": created["cpu"] - go["cpu"],
+            "components": components_spent(bench, cluster_cpu),
+            "apiserver_requests": await requests_spent(bench, served),
         }
     finally:
         if bare.process.returncode is None:
             bare.process.kill()
             await bare.process.wait()
-        deleted = await drain(bench, namespace, pods, [pods_path(namespace)])
+        paths = [pods_path(namespace)]
+        if variant == "bare-svc":
+            paths.append(f"/api/v1/namespaces/{namespace}/services")
+        deleted = await drain(bench, namespace, pods, paths)
     result["delete"] = deleted
     return result
 
@@ -480,6 +524,53 @@ def jobsets_path(namespace: str) -> str:
     return f"{jobset.API}/namespaces/{namespace}/jobsets"
 
 
+def components_cpu(bench: Bench) -> dict[str, float]:
+    """CPU seconds so far of each process of the local cluster (etcd, kube-apiserver,
+    kube-controller-manager, kube-scheduler, node-agent: the kubelets' stand-in)."""
+    out = {}
+    for name, record in bench.cluster.status()["processes"].items():
+        try:
+            out[name] = harness.cpu_seconds(int(record["pid"]))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+async def apiserver_requests(bench: Bench) -> dict[str, float]:
+    """The apiserver's requests so far (``apiserver_request_total``), by verb, resource
+    (and subresource) and code class: ``"PATCH tpuslices/status 2xx"``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = await bench.api.call("GET", "/metrics")
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            labels = sample.labels
+            resource = labels.get("resource", "")
+            if labels.get("subresource"):
+                resource += "/" + labels["subresource"]
+            key = f"{labels.get('verb', '')} {resource} {labels.get('code', '?')[:1]}xx"
+            out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+async def requests_spent(bench: Bench, before: dict[str, float]) -> dict[str, float]:
+    """The apiserver's requests since ``before`` (``apiserver_requests``), those that moved."""
+    now = await apiserver_requests(bench)
+    moved = {key: value - before.get(key, 0.0) for key, value in now.items()}
+    return {key: value for key, value in moved.items() if value}
+
+
+def components_spent(bench: Bench, before: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each cluster process spent since ``before`` (``components_cpu``)."""
+    now = components_cpu(bench)
+    return {name: now[name] - before[name] for name in now if name in before}
+
+
 def controller_cpu(bench: Bench) -> tuple[float, float]:
     """JobSet's controller CPU and the kube-controller-manager's (whose Job controller
     creates and deletes JobSet's pods: JobSet's work, where the operator does its own)."""
@@ -498,6 +589,7 @@ async def trial_jobset(bench: Bench, rep: int) -> dict[str, Any]:
     try:
         harness.reset_peak(controller.pid)
         own, kcm = controller_cpu(bench)
+        cluster_cpu, served = components_cpu(bench), await apiserver_requests(bench)
         started = time.monotonic()
         say(f"jobset: POSTing {count} JobSets ({total} pods)")
         await post_all(
@@ -514,6 +606,8 @@ async def trial_jobset(bench: Bench, rep: int) -> dict[str, Any]:
             "cpu": (own_after - own) + (kcm_after - kcm),
             "cpu_jobset": own_after - own,
             "peak_mb": harness.memory_mb(controller.pid)["peak"],
+            "components": components_spent(bench, cluster_cpu),
+            "apiserver_requests": await requests_spent(bench, served),
         }
         say(f"jobset: all Running after {result['running']:.1f} s; steady window")
         await asyncio.sleep(10)
@@ -539,6 +633,8 @@ async def trial_jobset(bench: Bench, rep: int) -> dict[str, Any]:
 
 PAIRS = (
     ("operator", "bare"),
+    ("bare-svc", "bare"),
+    ("operator", "bare-svc"),
     ("operator-b", "bare"),
     ("jobset", "bare"),
     ("operator", "jobset"),
@@ -561,6 +657,16 @@ def figures(trials: list[dict[str, Any]], pods: int) -> dict[str, Any]:
             for key in ("created", "running", "cpu", "delete")
         }
         out[variant]["cpu_ms_per_pod"] = harness.summary([1000 * t["cpu"] / pods for t in runs])
+        keys = {k for t in runs for k in t.get("apiserver_requests", {})}
+        out[variant]["apiserver_requests"] = {
+            k: harness.summary([t["apiserver_requests"].get(k, 0.0) for t in runs])["median"]
+            for k in keys
+        }
+        names = sorted({n for t in runs for n in t.get("components", {})})
+        out[variant]["components"] = {
+            n: harness.summary([t["components"][n] for t in runs if n in t.get("components", {})])
+            for n in names
+        }
         for key, get in (
             ("peak_mb", lambda t: t["peak_mb"]),
             ("steady_rss_mb", lambda t: t["steady"]["rss_mb"]),
@@ -637,6 +743,31 @@ def report(results: dict[str, Any], jobs: int, pods: int) -> None:
             memory,
         )
     )  # fmt: skip
+    names = sorted({n for v in variants for n in results[v].get("components", {})})
+    if names:
+        print("\nCluster CPU seconds from the go until every pod Running, by process")
+        print(
+            harness.table(
+                ["process", *variants],
+                [
+                    [n, *(s(results[v]["components"].get(n, {"n": 0}), 1) for v in variants)]
+                    for n in names
+                ],
+            )
+        )
+    served = {v: results[v].get("apiserver_requests", {}) for v in variants}
+    keys = sorted(
+        {k for counts in served.values() for k in counts},
+        key=lambda k: -max(counts.get(k, 0.0) for counts in served.values()),
+    )[:REQUEST_ROWS]
+    if keys:
+        print(f"\nThe apiserver's requests until every pod Running (median; top {REQUEST_ROWS})")
+        print(
+            harness.table(
+                ["verb resource code", *variants],
+                [[k, *(f"{served[v].get(k, 0.0):.0f}" for v in variants)] for k in keys],
+            )
+        )
     if "job_running" in results:
         print(
             harness.table(
@@ -659,6 +790,7 @@ async def drive(bench: Bench, reps: int) -> None:
             "operator": trial_operator,
             "operator-b": lambda b, r: trial_operator(b, r, "operator-b"),
             "bare": trial_bare,
+            "bare-svc": lambda b, r: trial_bare(b, r, "bare-svc"),
             "jobset": trial_jobset,
         }
         for rep in range(1, reps + 1):
