@@ -15,13 +15,18 @@ from tpu_operator import catalog
 from tpu_operator.api.status import Phase
 from tpu_operator.placement.pools import Request, allocate
 from tpu_operator.placement.provisioning import SLICE_POOL_LABEL, claim_ref
+from tpu_operator.reconcile.cached import job_keys
 from tpu_operator.reconcile.pools import (
     HeldPools,
     held_pools,
+    holds_spares,
+    job_holder,
     job_pool_records,
     slice_pool_records,
+    spares_of_others,
     tpu_pools,
 )
+from tpu_operator.runtime.caches import SPARES_HOLDER
 
 pytestmark = pytest.mark.unit
 
@@ -320,3 +325,34 @@ def test_a_job_s_spares_are_kept_from_other_jobs_until_it_finishes(finished: boo
     cluster.apply_job("a", job_spec())
     cluster.reconcile_job("a")
     assert cluster.job("a")["status"]["nodePools"] == [taken]
+
+
+@pytest.mark.parametrize(
+    ("spec", "status", "filed"),
+    [
+        ({}, {}, False),  # no spares: not filed, never read by an allocation
+        ({"placement": {"spares": {"nodePools": ["s1"]}}}, {}, True),
+        ({"placement": {"spares": {"selector": {"matchLabels": {"a": "b"}}}}}, {}, True),
+        ({}, {"spareNodePools": ["s1"], "phase": "Running"}, True),  # held, not named
+        ({"placement": {"spares": {"nodePools": ["s1"]}}}, {"phase": "Succeeded"}, False),
+        ({}, {"spareNodePools": ["s1"], "phase": "Failed"}, False),
+        ({"placement": {"spares": "bad"}}, {}, False),  # not a mapping: names nothing
+    ],
+)
+def test_only_the_unfinished_jobs_with_spares_are_filed_for_allocations(
+    spec: dict[str, Any], status: dict[str, Any], filed: bool
+) -> None:
+    body = {"metadata": {"namespace": NS, "name": "a"}, "spec": spec, "status": status}
+    assert holds_spares(body) is filed
+    assert (SPARES_HOLDER in job_keys(body)) is filed
+
+
+def test_an_allocation_reads_the_spares_of_the_filed_jobs_alone() -> None:
+    cluster = cluster_with_pools("p1", "s1")
+    cluster.apply_job("a", job_spec(placement={"spares": {"nodePools": ["s1"]}}))
+    cluster.apply_job("b", job_spec())
+    cluster._index()
+    filed = [b["metadata"]["name"] for b in cluster.ctx.caches.jobs_holding_spares()]
+    assert filed == ["a"]
+    assert spares_of_others(cluster.ctx, job_holder(NS, "b")).names == frozenset({"s1"})
+    assert not spares_of_others(cluster.ctx, job_holder(NS, "a"))

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from tpu_operator import contract
-from tpu_operator.reconcile.pools import job_pool_records, slice_pool_records
-from tpu_operator.runtime.caches import POOL_RECORD
+from tpu_operator.reconcile.pools import holds_spares, job_pool_records, slice_pool_records
+from tpu_operator.runtime.caches import POOL_RECORD, SPARES_HOLDER
 from tpu_operator.runtime.listwatch import Keys, Kind
 from tpu_operator.runtime.ownership import slice_job_name
 from tpu_operator.state.views import shared_copy
@@ -57,11 +57,14 @@ def slice_keys(cached: dict[str, Any]) -> Keys:
 
 
 def job_keys(cached: dict[str, Any]) -> Keys:
-    """A TPUJob's index keys: ("job", ns, name) and the pools its status records."""
+    """A TPUJob's index keys: ("job", ns, name), the pools its status records and, while
+    it names or holds spare pools, ``SPARES_HOLDER``."""
     meta = cached.get("metadata") or {}
     keys: Keys = {("job", meta.get("namespace"), meta.get("name")): cached}
     for pool, holder in job_pool_records(cached).items():
         keys[(POOL_RECORD, pool)] = holder
+    if holds_spares(cached):
+        keys[SPARES_HOLDER] = cached
     return keys
 
 

@@ -204,23 +204,33 @@ def tpu_pools(ctx: Context) -> dict[str, PoolView]:
     return ctx.caches.from_nodes("pools", pools_from_nodes)
 
 
+def holds_spares(body: Mapping[str, Any]) -> bool:
+    """A TPUJob that names spare pools (``spec.placement.spares``) or holds some
+    (``status.spareNodePools``) and has not finished: filed under ``SPARES_HOLDER`` in the
+    job cache, so an allocation reads these jobs alone, not every job of the cluster."""
+    spec = body.get("spec") or {}
+    spares = (spec.get("placement") or {}).get("spares") if isinstance(spec, dict) else None
+    status = body.get("status") or {}
+    if not isinstance(spares, dict) and not status.get("spareNodePools"):
+        return False
+    return status.get("phase") not in TERMINAL_PHASES
+
+
 def spares_of_others(ctx: Context, holder: str) -> Spares:
     """The pools the TPUJobs other than ``holder`` that have not finished hold in reserve
     (``spec.placement.spares``, ``status.spareNodePools``): no one else's placement takes
-    them. Read from the cached
-    bodies (a few dict lookups per job: an allocation is rare beside the jobs it reads)."""
+    them. Read from the job cache's index of the jobs that hold spares (``holds_spares``):
+    on a shared cluster of thousands of jobs, a walk of every job on every allocation was
+    a cost that grew with the number of jobs squared."""
     found = NO_SPARES
-    for body in ctx.caches.jobs():
-        spares = ((body.get("spec") or {}).get("placement") or {}).get("spares")
-        status = body.get("status") or {}
-        held = status.get("spareNodePools")
-        if not isinstance(spares, dict) and not held:
+    for body in ctx.caches.jobs_holding_spares():
+        if not holds_spares(body):
             continue
         meta = body.get("metadata") or {}
-        if status.get("phase") in TERMINAL_PHASES:
-            continue
         if job_holder(meta.get("namespace", ""), meta.get("name", "")) == holder:
             continue
+        spares = ((body.get("spec") or {}).get("placement") or {}).get("spares")
+        held = (body.get("status") or {}).get("spareNodePools")
         spares = spares if isinstance(spares, dict) else {}
         names = [n for n in [*(spares.get("nodePools") or ()), *(held or ())] if isinstance(n, str)]
         labels = (spares.get("selector") or {}).get("matchLabels")

@@ -51,6 +51,9 @@ Identity = tuple[str | None, str, str]
 """How kopf keys an indexed object: (namespace or None, name, uid)."""
 POOL_RECORD = "pool"
 """First part of the TPUJob and TPUSlice index keys that file a pool's recorded holders."""
+SPARES_HOLDER = ("spares",)
+"""The TPUJob index key of the unfinished jobs that name or hold spare pools
+(``reconcile/pools.holds_spares``)."""
 T = TypeVar("T")
 
 
@@ -199,6 +202,10 @@ class Caches:
         for key, store in self._jobs.items():
             if key[0] == "job":
                 yield from store
+
+    def jobs_holding_spares(self) -> Collection[dict[str, Any]]:
+        """The unfinished TPUJobs that name or hold spare pools (``SPARES_HOLDER``)."""
+        return self._jobs.get(SPARES_HOLDER, ())
 
     # Node pools recorded in status (``reconcile/pools.py``)
     def pool_records(self, pool: str) -> list[str]:
