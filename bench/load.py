@@ -486,7 +486,10 @@ async def trial_bare(bench: Bench, rep: int, variant: str = "bare") -> dict[str,
             await bare.process.wait()
         paths = [pods_path(namespace)]
         if variant == "bare-svc":
-            paths.append(f"/api/v1/namespaces/{namespace}/services")
+            # The Services first, as the operator's go with their jobs: Services left
+            # while their pods go keep the endpoint controllers busy (measured: delete
+            # 3.6x the bare client's, where the operator's was 1.2x).
+            paths.insert(0, f"/api/v1/namespaces/{namespace}/services")
         deleted = await drain(bench, namespace, pods, paths)
     result["delete"] = deleted
     return result
