@@ -78,7 +78,7 @@ import jobset
 from harness import say
 from kwatch import Watch, connect
 from pod_creation import BareProcess
-from scale import PodCounts
+from scale import Components, PodCounts
 
 from localcluster import Cluster
 from localcluster.agent.kube import Kube
@@ -329,7 +329,7 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
     try:
         harness.reset_peak(operator.pid)
         cpu, requests = operator.cpu(), requests_of(operator)
-        cluster_cpu, served = components_cpu(bench), await apiserver_requests(bench)
+        components, served = Components(bench.cluster), await apiserver_requests(bench)
         sampler = CpuSampler(operator.pid)
         profiler = await harness.profile(
             operator.pid, bench.profile, f"load-start-{variant}-{rep}.txt"
@@ -341,7 +341,7 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
         )
         posted = time.monotonic() - started
         await pods.wait(lambda: pods.at("running", "1", total), TIMEOUT, "every pod Running")
-        components = components_spent(bench, cluster_cpu)
+        spent = components.done()
         served = await requests_spent(bench, served)
 
         def jobs_running() -> bool:
@@ -355,7 +355,7 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
             "created": pods.at("created", "1", total) - started,  # type: ignore[operator]
             "running": pods.at("running", "1", total) - started,  # type: ignore[operator]
             "job_running": job_running - started,
-            "components": components,
+            "components": spent,
             "apiserver_requests": served,
         }
         shares = await sampler.stop()
@@ -468,7 +468,7 @@ async def trial_bare(bench: Bench, rep: int, variant: str = "bare") -> dict[str,
     await pods.start()
     bare = await BareProcess.start(bench, namespace, pods_file, "each")  # type: ignore[arg-type]
     try:
-        cluster_cpu, served = components_cpu(bench), await apiserver_requests(bench)
+        components, served = Components(bench.cluster), await apiserver_requests(bench)
         started = await bare.go()
         go = await bare.expect("go")
         created = await bare.expect("created")
@@ -477,7 +477,7 @@ async def trial_bare(bench: Bench, rep: int, variant: str = "bare") -> dict[str,
             "created": pods.at("created", "1", total) - started,  # type: ignore[operator]
             "running": pods.at("running", "1", total) - started,  # type: ignore[operator]
             "cpu": created["cpu"] - go["cpu"],
-            "components": components_spent(bench, cluster_cpu),
+            "components": components.done(),
             "apiserver_requests": await requests_spent(bench, served),
         }
     finally:
@@ -527,18 +527,6 @@ def jobsets_path(namespace: str) -> str:
     return f"{jobset.API}/namespaces/{namespace}/jobsets"
 
 
-def components_cpu(bench: Bench) -> dict[str, float]:
-    """CPU seconds so far of each process of the local cluster (etcd, kube-apiserver,
-    kube-controller-manager, kube-scheduler, node-agent: the kubelets' stand-in)."""
-    out = {}
-    for name, record in bench.cluster.status()["processes"].items():
-        try:
-            out[name] = harness.cpu_seconds(int(record["pid"]))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
 async def apiserver_requests(bench: Bench) -> dict[str, float]:
     """The apiserver's requests so far (``apiserver_request_total``), by verb, resource
     (and subresource) and code class: ``"PATCH tpuslices/status 2xx"``."""
@@ -563,15 +551,8 @@ async def apiserver_requests(bench: Bench) -> dict[str, float]:
 
 async def requests_spent(bench: Bench, before: dict[str, float]) -> dict[str, float]:
     """The apiserver's requests since ``before`` (``apiserver_requests``), those that moved."""
-    now = await apiserver_requests(bench)
-    moved = {key: value - before.get(key, 0.0) for key, value in now.items()}
+    moved = harness.deltas(await apiserver_requests(bench), before)
     return {key: value for key, value in moved.items() if value}
-
-
-def components_spent(bench: Bench, before: dict[str, float]) -> dict[str, float]:
-    """CPU seconds each cluster process spent since ``before`` (``components_cpu``)."""
-    now = components_cpu(bench)
-    return {name: now[name] - before[name] for name in now if name in before}
 
 
 def controller_cpu(bench: Bench) -> tuple[float, float]:
@@ -592,7 +573,7 @@ async def trial_jobset(bench: Bench, rep: int) -> dict[str, Any]:
     try:
         harness.reset_peak(controller.pid)
         own, kcm = controller_cpu(bench)
-        cluster_cpu, served = components_cpu(bench), await apiserver_requests(bench)
+        components, served = Components(bench.cluster), await apiserver_requests(bench)
         started = time.monotonic()
         say(f"jobset: POSTing {count} JobSets ({total} pods)")
         await post_all(
@@ -609,7 +590,7 @@ async def trial_jobset(bench: Bench, rep: int) -> dict[str, Any]:
             "cpu": (own_after - own) + (kcm_after - kcm),
             "cpu_jobset": own_after - own,
             "peak_mb": harness.memory_mb(controller.pid)["peak"],
-            "components": components_spent(bench, cluster_cpu),
+            "components": components.done(),
             "apiserver_requests": await requests_spent(bench, served),
         }
         say(f"jobset: all Running after {result['running']:.1f} s; steady window")
@@ -667,7 +648,9 @@ def figures(trials: list[dict[str, Any]], pods: int) -> dict[str, Any]:
         }
         names = sorted({n for t in runs for n in t.get("components", {})})
         out[variant]["components"] = {
-            n: harness.summary([t["components"][n] for t in runs if n in t.get("components", {})])
+            n: harness.summary(
+                [t["components"][n]["cpu"] for t in runs if n in t.get("components", {})]
+            )
             for n in names
         }
         for key, get in (
@@ -749,6 +732,7 @@ def report(results: dict[str, Any], jobs: int, pods: int) -> None:
     names = sorted({n for v in variants for n in results[v].get("components", {})})
     if names:
         print("\nCluster CPU seconds from the go until every pod Running, by process")
+        print("(benchmark: this script, with its own watches)")
         print(
             harness.table(
                 ["process", *variants],
