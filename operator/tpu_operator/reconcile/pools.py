@@ -223,9 +223,7 @@ def spares_of_others(ctx: Context, holder: str) -> Spares:
     on a shared cluster of thousands of jobs, a walk of every job on every allocation was
     a cost that grew with the number of jobs squared."""
     found = NO_SPARES
-    for body in ctx.caches.jobs_holding_spares():
-        if not holds_spares(body):
-            continue
+    for body in ctx.caches.jobs_holding_spares():  # each filed by ``holds_spares``
         meta = body.get("metadata") or {}
         if job_holder(meta.get("namespace", ""), meta.get("name", "")) == holder:
             continue
