@@ -59,8 +59,9 @@ class FailurePolicy(ApiModel):
     at its next restart: its hosts may be faulty in a way node health does not show. 0:
     never moved for this. Counted per slice in status.slices[].poolFailures."""
     node_not_ready_timeout_seconds: int = Field(default=60, ge=0, le=3600)
-    """How long a worker may sit on a NotReady or unreachable node before it is evicted
-    and the gang restarts (the pods' NoExecute tolerationSeconds)."""
+    """The pods' NoExecute tolerationSeconds: how long Kubernetes leaves a worker on a
+    NotReady or unreachable node before it evicts the pod. The operator does not wait for
+    it: a worker on a node that is not ready ends the attempt at once (reason NodeLost)."""
     restart_mode: RestartMode = "Auto"
     """How the gang restarts (TPUJobs). Auto: in place when the worker container's
     command is tpu-worker (its supervisor restarts the training process in the pods the
