@@ -25,5 +25,6 @@ unit test beside it (``tests/unit/policies/``).
   starts a new one) and its failed attempts, through ``failure.book``.
 - ``slice_phase``: a TPUSlice's phase and message (a job's slice or a standalone one), one
   ladder over its gang and what holds it back, for the slice reconciler
-  (``reconcile/slices.py``).
+  (``reconcile/slices.py``); an attempt that goes on takes the job's phase
+  (``phase.of_attempt``).
 """

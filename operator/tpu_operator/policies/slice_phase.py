@@ -13,10 +13,10 @@ In order, the first that applies:
    (``standalone.attempt_failed``), which the reconciler asks.
 3. Stopping: ``Suspended`` (``spec.suspend``), or ``Pending`` until the job starts it.
 4. Waiting for a pool or a dynamic slice: ``Pending``, saying what for.
-5. Blocked: ``Restarting`` while the previous attempt's pods drain or the restart backoff
-   runs.
-6. Every pod still to create: ``Pending``.
-7. ``Starting`` until every worker of the attempt runs (saying a pod the scheduler cannot
+5. Otherwise the attempt goes on, and its phase is the job's (``phase.of_attempt``, the
+   one rule for jobs and slices): ``Restarting`` while the previous attempt's pods drain
+   or the restart backoff runs; ``Pending`` while every pod is still to create;
+   ``Starting`` until every worker of the attempt runs (saying a pod the scheduler cannot
    place, or pods no scheduler looked at), ``Running`` from then on: a worker not ready
    for a while does not send a running slice back to ``Starting``.
 
@@ -34,6 +34,7 @@ from typing import Any
 from tpu_operator.api.common import Failure
 from tpu_operator.api.conditions import set_condition, stamp
 from tpu_operator.api.status import TERMINAL_PHASES, ConditionType, Phase, Reason
+from tpu_operator.policies.phase import of_attempt
 from tpu_operator.state.gang import GangState, WorkerFailure, scheduler_wait
 
 
@@ -123,23 +124,30 @@ def decide(facts: SliceFacts) -> SlicePhase:
         return SlicePhase(Phase.PENDING, "waiting for the job to start")
     if facts.waiting_for:
         return SlicePhase(Phase.PENDING, facts.waiting_for)
-    if facts.blocked:
-        if facts.draining:
-            return SlicePhase(Phase.RESTARTING, "waiting for the previous attempt's pods to stop")
-        return SlicePhase(Phase.RESTARTING, "waiting for the restart backoff")
-    if state.outcome == "Creating" and len(state.to_create) == state.total:
-        return SlicePhase(Phase.PENDING, "creating pods")
-    if (
-        state.outcome == "Starting"
-        and facts.previous_phase == Phase.RUNNING
-        and facts.previous_attempt == facts.attempt
-    ):
-        # Every worker of this attempt has run: a worker that is not ready for a while
-        # does not send the slice back to Starting (as for the job).
-        return SlicePhase(Phase.RUNNING, f"{state.total} workers running, {state.ready} ready")
-    if state.outcome in ("Creating", "Starting"):
+    return _goes_on(facts)
+
+
+def _goes_on(facts: SliceFacts) -> SlicePhase:
+    """An attempt that goes on: its phase is the job's (``phase.of_attempt``, one rule for
+    both), the message the slice's own."""
+    state = facts.gang
+    # Every worker of this attempt has run: a worker that is not ready for a while does
+    # not send the slice back to Starting.
+    has_run = facts.previous_phase == Phase.RUNNING and facts.previous_attempt == facts.attempt
+    draining = facts.blocked and facts.draining
+    backing_off = facts.blocked and not facts.draining
+    phase = of_attempt(has_run, state.outcome, state, draining, backing_off)
+    if phase == Phase.RESTARTING:
+        if draining:
+            return SlicePhase(phase, "waiting for the previous attempt's pods to stop")
+        return SlicePhase(phase, "waiting for the restart backoff")
+    if phase == Phase.PENDING:
+        return SlicePhase(phase, "creating pods")
+    if phase == Phase.STARTING:
         return _starting(facts)
-    return SlicePhase(Phase.RUNNING, f"{state.total} workers running")
+    if state.outcome == "Starting":
+        return SlicePhase(phase, f"{state.total} workers running, {state.ready} ready")
+    return SlicePhase(phase, f"{state.total} workers running")
 
 
 def _own_stop(facts: SliceFacts) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tpu_operator.api.status import Phase, Reason
+from tpu_operator.policies.phase import of_attempt
 from tpu_operator.policies.slice_phase import PodRefusal, SliceFacts, conditions, decide, said
 from tpu_operator.state.gang import GangState, Member, Outcome, Unseen, WorkerFailure
 
@@ -260,6 +261,30 @@ def test_the_phase_and_message_of_a_slice(given, phase, message, failure, ended,
         assert decided.failure.counted is (failure != Reason.INVALID_POD_TEMPLATE)
     assert decided.ended == (given.gang.failure if ended else None)
     assert decided.recheck == (pytest.approx(recheck) if recheck is not None else None)
+
+
+@pytest.mark.parametrize("outcome", ["Creating", "Starting", "Running"])
+@pytest.mark.parametrize("to_create", [0, 1, 2])
+@pytest.mark.parametrize("has_run", [False, True])
+@pytest.mark.parametrize(("blocked", "draining"), [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("standalone", [False, True])
+def test_an_attempt_that_goes_on_has_the_jobs_phase(
+    outcome, to_create, has_run, blocked, draining, standalone
+):
+    """A slice and a job decide the phase of an attempt that goes on by one rule
+    (``phase.of_attempt``): every combination of what it is decided from gives both the
+    same phase."""
+    state = gang(outcome, ready=0 if outcome == "Creating" else 2, to_create=to_create)
+    given = facts(
+        state,
+        standalone=standalone,
+        blocked=blocked,
+        draining=draining,
+        previous_phase=Phase.RUNNING if has_run else Phase.STARTING,
+        previous_attempt=2,
+    )
+    job = of_attempt(has_run, outcome, state, draining, blocked and not draining)
+    assert decide(given).phase == job
 
 
 @pytest.mark.parametrize(
