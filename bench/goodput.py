@@ -32,11 +32,14 @@ deleted. The trial fails unless every restart was of the variant's kind (so the
 two variants met the same faults). Figures per variant: goodput fraction, steps reached,
 restarts, badput by category (medians over repetitions), and per repetition the ratio of
 the slice variant's goodput and steps to recreation's. One job runs first to its first
-checkpoint, unmeasured (the first JAX processes of a run read their files cold). Results:
-``bench/results/goodput.json``.
+checkpoint, unmeasured (the first JAX processes of a run read their files cold). With
+``--compile-cache`` the workers use JAX's persistent compilation cache
+(``JAX_COMPILATION_CACHE_DIR``, a fresh directory per job): a restarted process loads the
+programs the attempt before it compiled. Results:
+``bench/results/goodput.json`` (``goodput-cache.json`` with ``--compile-cache``).
 
     .venv/bin/python bench/goodput.py [--reps 2] [--slices 3] [--window 300] [--losses 3]
-        [--seed 1] [--variants slice recreate]
+        [--seed 1] [--variants slice recreate] [--compile-cache]
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from tpu_worker.demo import checkpoint
 SPARE_LABEL = "bench.tpu-operator.dev/pool-role"
 NAMESPACE = "goodput"
 CHECKPOINTS = Path("/var/tmp/tpu-operator-bench/goodput")
+COMPILE_CACHES = Path("/var/tmp/tpu-operator-bench/goodput-compile-cache")
 KINDS = {"slice": "Mixed", "recreate": "Recreate"}
 """The restart kind each variant's restarts must have (``status.restartKind``)."""
 VMS = 2
@@ -117,6 +121,13 @@ def pools(slices: int) -> list[Pool]:
 def tpujob(name: str, slices: int, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     directory = CHECKPOINTS / name
     shutil.rmtree(directory, ignore_errors=True)
+    env = []
+    if args.compile_cache:
+        # JAX's persistent compilation cache (its own setting, read from the env): a
+        # restarted process loads what the attempt before it compiled.
+        cache = COMPILE_CACHES / name
+        shutil.rmtree(cache, ignore_errors=True)
+        env.append({"name": "JAX_COMPILATION_CACHE_DIR", "value": str(cache)})
     worker = {
         "name": "worker",
         "image": "unused.local/worker",
@@ -135,6 +146,7 @@ def tpujob(name: str, slices: int, mode: str, args: argparse.Namespace) -> dict[
             f"--checkpoint-every={args.checkpoint_every}",
             f"--step-sleep={args.step_sleep}",
         ],
+        "env": env,
     }
     return {
         "apiVersion": contract.API_VERSION,
@@ -343,6 +355,11 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--step-sleep", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--compile-cache",
+        action="store_true",
+        help="the workers use JAX's persistent compilation cache (a directory per job)",
+    )
     parser.add_argument("--variants", nargs="+", default=["slice", "recreate"], choices=KINDS)
     args = parser.parse_args()
     trials: list[dict[str, Any]] = []
@@ -369,7 +386,7 @@ def main() -> None:
             operator.stop()
     figures = report(trials, args.variants)
     harness.write_results(
-        "goodput",
+        "goodput-cache" if args.compile_cache else "goodput",
         {"machine": harness.machine(), "args": vars(args), "trials": trials, "figures": figures},
     )
 
