@@ -28,14 +28,14 @@ Both resume from the last checkpoint. At ``--window`` seconds after that first c
 the job's ``status.goodput`` (the operator's account: productive step time over wall time
 since the job was created, badput by category) is read, with the highest
 ``status.progress.step`` seen (the status is polled every half second), and the job is
-deleted. The trial fails unless every restart was of the variant's kind (so the
-two variants met the same faults). Figures per variant: goodput fraction, steps reached,
-restarts, badput by category (medians over repetitions), and per repetition the ratio of
-the slice variant's goodput and steps to recreation's. One job runs first to its first
-checkpoint, unmeasured (the first JAX processes of a run read their files cold). With
-``--compile-cache`` the workers use JAX's persistent compilation cache
-(``JAX_COMPILATION_CACHE_DIR``, a fresh directory per job): a restarted process loads the
-programs the attempt before it compiled. Results:
+deleted. The trial fails unless every restart was of the variant's kind and there was one
+restart per node loss (so the two variants met the same faults). Figures per variant:
+goodput fraction, steps reached, restarts, badput by category (medians over
+repetitions), and per repetition the ratio of the slice variant's goodput and steps to
+recreation's. One job runs first to its first checkpoint, unmeasured (the first JAX
+processes of a run read their files cold). With ``--compile-cache`` the workers use JAX's
+persistent compilation cache (``JAX_COMPILATION_CACHE_DIR``, a fresh directory per job): a
+restarted process loads the programs the attempt before it compiled. Results:
 ``bench/results/goodput.json`` (``goodput-cache.json`` with ``--compile-cache``).
 
     .venv/bin/python bench/goodput.py [--reps 2] [--slices 3] [--window 300] [--losses 3]
@@ -277,6 +277,11 @@ def trial(
     wrong = {a: k for a, (k, _) in kinds.items() if k != KINDS[variant]}
     if wrong:
         raise AssertionError(f"{name}: restarts of another kind than {KINDS[variant]}: {wrong}")
+    if int(status.get("restarts") or 0) != len(applied):
+        # A restart no loss caused (or a loss no restart followed): not the same faults.
+        raise AssertionError(
+            f"{name}: {status.get('restarts')} restarts for {len(applied)} node losses"
+        )
     result = {
         "variant": variant,
         "rep": rep,
