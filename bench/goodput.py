@@ -58,6 +58,7 @@ from harness import say, spread, summary
 from localcluster.api import ApiError, SyncApi
 from localcluster.cluster import Cluster
 from localcluster.pools import Pool
+from localcluster.testing import wait_until
 from tpu_operator import contract
 from tpu_worker.demo import checkpoint
 
@@ -197,20 +198,19 @@ class Jobs:
         return None
 
 
-def wait(predicate: Any, timeout: float, what: str, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+def gone(jobs: Jobs, name: str) -> None:
+    """Wait until no pod of the job ``name`` is left."""
+    wait_until(
+        lambda: not any(p["metadata"]["name"].startswith(f"{name}-") for p in jobs.pods()),
+        timeout=180,
+        interval=0.5,
+        message=f"the pods of {name} to be gone",
+    )
 
 
-def owned_pods(jobs: Jobs, name: str) -> list[str]:
-    return [
-        p["metadata"]["name"] for p in jobs.pods() if p["metadata"]["name"].startswith(f"{name}-")
-    ]
+def reported_step(status: dict[str, Any]) -> int:
+    """The step a job's status reports (0: none yet)."""
+    return int((status.get("progress") or {}).get("step") or 0)
 
 
 def trial(
@@ -226,12 +226,17 @@ def trial(
     jobs.create(tpujob(name, args.slices, mode, args))
     created = time.monotonic()
     say(f"{name}: created; waiting for it to run")
-    wait(lambda: checkpoint.saved_steps(CHECKPOINTS / name), 300, f"{name}'s first checkpoint")
+    wait_until(
+        lambda: checkpoint.saved_steps(CHECKPOINTS / name),
+        timeout=300,
+        interval=0.5,
+        message=f"{name}'s first checkpoint",
+    )
     first = time.monotonic()
     say(f"{name}: first checkpoint {first - created:.1f} s after its creation")
     if losses is None:  # the warm-up
         jobs.delete(name)
-        wait(lambda: not owned_pods(jobs, name), 180, f"the pods of {name} to be gone")
+        gone(jobs, name)
         return {}
     kinds: dict[int, tuple[str, list[int]]] = {}
     pending = sorted(losses, key=lambda loss: loss.at)
@@ -261,7 +266,7 @@ def trial(
                 cluster.agent.heal_node(node)
                 down.remove((due, node))
             status = jobs.status(name)
-            step = max(step, int((status.get("progress") or {}).get("step") or 0))
+            step = max(step, reported_step(status))
             attempt = int(status.get("attempt") or 0)
             if attempt > 1 and attempt not in kinds and status.get("restartKind"):
                 kinds[attempt] = (status["restartKind"], list(status.get("recreatedSlices") or []))
@@ -272,7 +277,7 @@ def trial(
         for _, node in down:
             cluster.agent.heal_node(node)
     jobs.delete(name)
-    wait(lambda: not owned_pods(jobs, name), 180, f"the pods of {name} to be gone")
+    gone(jobs, name)
     goodput = status.get("goodput") or {}
     wrong = {a: k for a, (k, _) in kinds.items() if k != KINDS[variant]}
     if wrong:
@@ -290,7 +295,7 @@ def trial(
         "restarts": int(status.get("restarts") or 0),
         "attempt": int(status.get("attempt") or 0),
         "kinds": {str(a): {"kind": k, "recreated": r} for a, (k, r) in kinds.items()},
-        "step": max(step, int((status.get("progress") or {}).get("step") or 0)),
+        "step": max(step, reported_step(status)),
         "fraction": goodput.get("fraction"),
         "wall": goodput.get("wallSeconds"),
         "productive": goodput.get("productiveSeconds"),
@@ -331,14 +336,8 @@ def report(trials: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]:
         )
     print(harness.table(["variant", "goodput", "steps", "restarts", "badput (s, median)"], rows))
     if set(variants) >= {"slice", "recreate"}:
-        reps = sorted({t["rep"] for t in trials})
-        pairs = [
-            (s, r)
-            for rep in reps
-            for s in by["slice"]
-            for r in by["recreate"]
-            if s["rep"] == r["rep"] == rep
-        ]
+        recreated = {t["rep"]: t for t in by["recreate"]}
+        pairs = [(s, recreated[s["rep"]]) for s in by["slice"] if s["rep"] in recreated]
         figures["ratio"] = {
             "fraction": summary([s["fraction"] / r["fraction"] for s, r in pairs if r["fraction"]]),
             "step": summary([s["step"] / r["step"] for s, r in pairs if r["step"]]),
