@@ -89,6 +89,10 @@ BUILD_INFO_LABELS: Final = (
 # Values of the phase label. The worker exports every built-in phase from the start (zeros).
 PHASE_INIT: Final = "init"
 PHASE_COMPILE: Final = "compile"
+# A process's first step interval, less the phases in it: the first execution, the
+# collectives' set-up, and the wait in them for peers still compiling or restoring. A
+# restarted process pays it again, so it is not productive step time.
+PHASE_FIRST_STEP: Final = "first_step"
 PHASE_DATA_WAIT: Final = "data_wait"
 PHASE_CHECKPOINT_SAVE: Final = "checkpoint_save"
 PHASE_CHECKPOINT_RESTORE: Final = "checkpoint_restore"
@@ -96,6 +100,7 @@ PHASE_STEP: Final = "step"  # productive step time: step intervals minus every o
 BUILTIN_PHASES: Final = (
     PHASE_INIT,
     PHASE_COMPILE,
+    PHASE_FIRST_STEP,
     PHASE_DATA_WAIT,
     PHASE_CHECKPOINT_SAVE,
     PHASE_CHECKPOINT_RESTORE,

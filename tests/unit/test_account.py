@@ -94,6 +94,27 @@ def test_closing_an_attempt_carries_its_seconds_and_publishes_its_last_progress(
     assert status.goodput.productive_seconds == 40.0
 
 
+def test_a_processs_first_step_is_badput_of_its_own_in_every_attempt():
+    """A restarted process redoes its first step (and waits in it for peers that still
+    compile or restore): the account books it as firstStep, carried across attempts, and
+    never as productive time."""
+    status = TPUJobStatus(running_since="2026-01-01T00:00:00Z")
+    first = {"step": 40.0, "compile": 5.0, "first_step": 12.0}
+    account(status, 61, track_with(100, first, at_s=60)).close_attempt(4)
+    assert status.goodput is not None
+    assert status.goodput.finished_attempts["firstStep"] == 12.0
+    status.running_since = "2026-01-01T00:01:30Z"
+    second = {"step": 20.0, "first_step": 8.0}
+    account(status, 130, track_with(150, second, at_s=129)).publish(Phase.RUNNING, 4)
+    goodput = status.goodput
+    assert goodput.badput_seconds["firstStep"] == 20.0
+    # The step phase of both attempts, less the steps the second one redid.
+    assert goodput.productive_seconds + goodput.badput_seconds["lostProgress"] == 60.0
+    assert goodput.productive_seconds + sum(goodput.badput_seconds.values()) == pytest.approx(
+        goodput.wall_seconds
+    )
+
+
 def test_progress_is_published_at_most_once_per_interval():
     status = TPUJobStatus(running_since="2026-01-01T00:00:00Z")
     account(status, 10, track_with(5, {"step": 5.0}, at_s=10)).publish(Phase.RUNNING, 1)

@@ -116,7 +116,7 @@ def test_phases_add_up_to_wall_time(reference: Reference) -> None:
     for pid, s in reference.scrapes.items():
         phases = s.with_name("tpu_worker_phase_seconds_total")
         by_phase = {dict(labels)["phase"]: value for labels, value in phases.items()}
-        for phase in ("init", "compile", "data_wait", "step"):
+        for phase in ("init", "compile", "first_step", "data_wait", "step"):
             assert by_phase[phase] > 0, f"process {pid}: no {phase} time"
         wall = s.value("tpu_worker_end_time_seconds") - s.value("tpu_worker_start_time_seconds")
         total = sum(by_phase.values())

@@ -145,6 +145,30 @@ def test_nested_phases_count_each_second_once() -> None:
     assert sum(seen.values()) == pytest.approx(6.75)
 
 
+def test_a_processs_first_step_interval_is_its_own_phase() -> None:
+    """What is left of the first step interval after its phases (the wait in the first
+    collectives for peers still compiling) is not productive: a restart pays it again."""
+    clock = FakeClock()
+    seen: dict[str, float] = {}
+    accountant = Accountant(
+        lambda p, s: seen.__setitem__(p, seen.get(p, 0) + s), "step", clock, "first_step"
+    )
+    accountant.start_loop()
+    clock.now += 1.0
+    accountant.add_compile_span("compile", 100.5, 101.0)  # half a second compiling
+    clock.now += 15.0  # waiting in the first collective
+    assert accountant.end_step() == pytest.approx(16.0)
+    assert seen == pytest.approx({"compile": 0.5, "first_step": 15.5})
+    for _ in range(2):
+        clock.now += 0.5
+        accountant.end_step()
+    accountant.end_loop()
+    accountant.start_loop()  # the same process again: no second first step
+    clock.now += 0.5
+    accountant.end_step()
+    assert seen == pytest.approx({"compile": 0.5, "first_step": 15.5, "step": 1.5})
+
+
 def test_overlapping_compile_spans_count_once() -> None:
     spans = Intervals()
     assert spans.add(0.0, 1.0) == pytest.approx(1.0)
@@ -251,10 +275,11 @@ def test_a_hung_step_is_not_shown_as_step_time() -> None:
     def scraped(at: float = 0.0) -> WorkerSample:
         return parse(generate_latest(reporter.metrics.registry).decode(), at)
 
-    clock.now += 5.0  # a first step (it compiles)
+    clock.now += 5.0  # a first step (it compiles): not productive
     reporter.record_step(1)
     clock.now += 3.0  # before two steps no median: nothing shown
-    assert scraped().phases["step"] == pytest.approx(5.0)
+    assert scraped().phases["first_step"] == pytest.approx(5.0)
+    assert scraped().phases["step"] == 0
     reporter.record_step(2)
     for step in (3, 4):
         clock.now += 1.0
@@ -381,7 +406,13 @@ def test_reporter_exports_steps_and_median() -> None:
     assert samples[("tpu_worker_model_flops_total", ())] == 4e9
     assert samples[("tpu_worker_loss", ())] == 2.5
     assert samples[("tpu_worker_step_duration_seconds_count", ())] == 4
-    assert samples[("tpu_worker_phase_seconds_total", (("phase", "step"),))] > 5.5
+    phase_seconds = {
+        labels[0][1]: value
+        for (name, labels), value in samples.items()
+        if name == "tpu_worker_phase_seconds_total"
+    }
+    assert phase_seconds["first_step"] == pytest.approx(5.0, abs=0.05)
+    assert phase_seconds["step"] == pytest.approx(0.6, abs=0.05)
     for phase in ("init", "compile", "data_wait", "checkpoint_save", "checkpoint_restore"):
         assert ("tpu_worker_phase_seconds_total", (("phase", phase),)) in samples
 

@@ -3,7 +3,12 @@
 Time after initialization is cut into step intervals (from the end of one recorded step to
 the end of the next). Phases opened inside an interval (data wait, checkpoint save and
 restore, custom phases, and JAX compilation, which arrives from jax.monitoring) take their
-seconds out of it; what is left of the interval is productive step time. Phases nest: the
+seconds out of it; what is left of the interval is productive step time, except in the
+process's first interval: what is left of that one is the first step's own phase (the
+first execution, the collectives' set-up, and the wait in them for peers that still
+compile or restore: with JAX's persistent compilation cache one process may load its
+programs in a second while another compiles for minutes). A restarted process pays it
+again, so it is not productive. Phases nest: the
 innermost one owns a second, so no second is counted twice and the phases add up to the
 wall time the training loop spent. Time a phase measures on a thread other than the
 training loop's runs concurrently with the loop: it is counted in its phase but taken out
@@ -80,15 +85,24 @@ class Intervals:
 class Accountant:
     """Attributes wall time to phases and hands each attribution to ``sink(phase, seconds)``."""
 
-    def __init__(self, sink: Sink, step_phase: str, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        sink: Sink,
+        step_phase: str,
+        clock: Callable[[], float] = time.monotonic,
+        first_step_phase: str | None = None,
+    ):
         self._sink = sink
         self._step_phase = step_phase
+        # The phase of the process's first step interval (None: it is a step like others).
+        self._first_step_phase = first_step_phase or step_phase
+        self._stepped = False  # a step interval has ended in this process
         self._clock = clock
         self._lock = threading.Lock()
         # Every thread's open frames, by thread ident, so that a scrape on another thread can
         # read them; changed only with the lock held.
         self._stacks: dict[int, list[Frame]] = {}
-        self._root = Frame(step_phase, clock())
+        self._root = Frame(self._first_step_phase, clock())
         self._loop_thread: int | None = None
         self._compile_spans = Intervals()
         self._open_step_limit: float | None = None
@@ -110,17 +124,21 @@ class Accountant:
             return self._root
         return None
 
+    def _interval_phase(self) -> str:
+        """The phase of the step interval that starts now (call with the lock held)."""
+        return self._step_phase if self._stepped else self._first_step_phase
+
     def start_loop(self) -> None:
         """The calling thread runs the training loop; its step interval starts now."""
         with self._lock:
             self._loop_thread = threading.get_ident()
-            self._root = Frame(self._step_phase, self._clock())
+            self._root = Frame(self._interval_phase(), self._clock())
 
     def end_loop(self) -> None:
         """The training loop returned: the open step interval is dropped, not counted."""
         with self._lock:
             self._loop_thread = None
-            self._root = Frame(self._step_phase, self._clock())
+            self._root = Frame(self._interval_phase(), self._clock())
 
     def limit_open_step(self, seconds: float | None) -> None:
         """Show at most ``seconds`` of the open step interval's own time (None: all)."""
@@ -197,11 +215,13 @@ class Accountant:
         self.add_external(phase, fresh)
 
     def end_step(self) -> float:
-        """Close the current step interval, attribute its own time; return its duration."""
+        """Close the current step interval, attribute its own time (to the first step's
+        phase if it is the process's first); return its duration."""
         now = self._clock()
         with self._lock:
             self._loop_thread = threading.get_ident()
             root = self._root
+            self._stepped = True
             self._root = Frame(self._step_phase, now)
-        self._sink(self._step_phase, root.close(now))
+        self._sink(root.phase, root.close(now))
         return now - root.start

@@ -27,6 +27,7 @@ from tpu_operator.worker_metrics import PHASE_CHECKPOINT_RESTORE as PHASE_CHECKP
 from tpu_operator.worker_metrics import PHASE_CHECKPOINT_SAVE as PHASE_CHECKPOINT_SAVE
 from tpu_operator.worker_metrics import PHASE_COMPILE as PHASE_COMPILE
 from tpu_operator.worker_metrics import PHASE_DATA_WAIT as PHASE_DATA_WAIT
+from tpu_operator.worker_metrics import PHASE_FIRST_STEP as PHASE_FIRST_STEP
 from tpu_operator.worker_metrics import PHASE_INIT as PHASE_INIT
 from tpu_operator.worker_metrics import PHASE_STEP as PHASE_STEP
 

@@ -75,7 +75,9 @@ class Reporter:
         self.metrics = worker_metrics or m.WorkerMetrics()
         self._phase_counters: dict[str, m.PhaseCounter] = {}
         # ``clock`` times the phases and steps (tests pass a fake one).
-        self._accountant = Accountant(self._add_phase_seconds, m.PHASE_STEP, clock)
+        self._accountant = Accountant(
+            self._add_phase_seconds, m.PHASE_STEP, clock, first_step_phase=m.PHASE_FIRST_STEP
+        )
         # Until a median step is known (two steps), an open step interval shows nothing.
         self._accountant.limit_open_step(0.0)
         # Scrapes count the open phases' seconds so far (long phases advance as they run).

@@ -88,7 +88,7 @@ class Goodput(ApiModel):
     wall_seconds: float = 0.0
     productive_seconds: float = 0.0
     badput_seconds: dict[str, float] = Field(default_factory=dict)
-    """scheduling, initialization, compilation, dataWait, checkpointSave, checkpointRestore,
-    lostProgress, restartDowntime, shutdown, suspended, degraded, other."""
+    """scheduling, initialization, compilation, firstStep, dataWait, checkpointSave,
+    checkpointRestore, lostProgress, restartDowntime, shutdown, suspended, degraded, other."""
     finished_attempts: dict[str, float] = Field(default_factory=dict)
     """Totals carried over from attempts that ended (the operator's bookkeeping)."""

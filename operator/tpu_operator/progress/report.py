@@ -28,6 +28,7 @@ from tpu_operator.timestamps import stamp_epoch
 PHASES = {
     "init": "initialization",
     "compile": "compilation",
+    "first_step": "firstStep",
     "data_wait": "dataWait",
     "checkpoint_save": "checkpointSave",
     "checkpoint_restore": "checkpointRestore",
@@ -50,6 +51,7 @@ EARLIEST_FIRST = (
     "initialization",
     "checkpointRestore",
     "compilation",
+    "firstStep",
     "dataWait",
     "checkpointSave",
     "step",
