@@ -126,11 +126,15 @@ def test_progress_scales_rates_to_every_worker_and_computes_mfu():
 
 def test_goodput_account_across_a_restart():
     carried = {"scheduling": 10.0}
-    first = sample(0.0, 40, step=40, step_seconds=0.5)  # 40 steps, 0.5 s each
+    # 40 steps of 0.5 s wall time each, 0.1 s of it productive (the rest compile and wait)
+    first = sample(0.0, 40, step=40, step_seconds=0.5)
     carried = report.carry_over(carried, first)
     assert carried["previousStep"] == 40
     carried = report.account_resume(carried, resumed_from=30)  # 10 steps redone
-    assert carried["lostProgress"] == pytest.approx(5.0)
+    # What the redone steps had been productive for, not their wall time: their compile
+    # and wait seconds are already badput of their own, and counted twice the account
+    # would no longer add up to the wall time.
+    assert carried["lostProgress"] == pytest.approx(1.0)
     assert "previousStep" not in carried
     current = sample(0.0, 20, step=50)
     account = report.goodput(
@@ -141,14 +145,28 @@ def test_goodput_account_across_a_restart():
         waiting_since=None,
         waiting_kind="other",
     )
-    # step time: 40*0.1 (first attempt) + 20*0.1 (now) = 6 s, minus 5 s lost
-    assert account.productive_seconds == pytest.approx(1.0)
-    assert account.badput_seconds["lostProgress"] == pytest.approx(5.0)
+    # step time: 40*0.1 (first attempt) + 20*0.1 (now) = 6 s, minus 1 s lost
+    assert account.productive_seconds == pytest.approx(5.0)
+    assert account.badput_seconds["lostProgress"] == pytest.approx(1.0)
     assert account.badput_seconds["scheduling"] == 10.0
     assert account.badput_seconds["restartDowntime"] == 7.0
     total = account.productive_seconds + sum(account.badput_seconds.values())
     assert total == pytest.approx(account.wall_seconds, abs=0.5)
-    assert account.fraction == pytest.approx(0.01)
+    assert account.fraction == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize(
+    ("phases", "steps", "per_step"),
+    [
+        ({"step": 7.6, "first_step": 60.0}, 20, 0.4),  # the first step is not one of them
+        ({"step": 8.0}, 20, 0.4),  # a worker from before first_step: it is in step
+        ({"step": 0.0, "first_step": 60.0}, 1, 0.0),  # only the first step ran
+        ({}, 0, 0.0),  # no step at all
+    ],
+)
+def test_a_redone_step_costs_its_productive_seconds(phases, steps, per_step):
+    reading = WorkerSample(at=0.0, steps_total=steps, step=steps, phases=phases)
+    assert report.productive_per_step(reading) == pytest.approx(per_step)
 
 
 def test_rates_freeze_once_training_finished():

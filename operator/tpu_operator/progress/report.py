@@ -177,13 +177,18 @@ def carry_over(
         merged[ATTEMPT_END] = max(merged[ATTEMPT_END], closed_at)  # shutdown runs to here
     if sample is not None and sample.step is not None:
         merged["previousStep"] = sample.step
-        mean = (
-            sample.step_seconds_sum / sample.step_seconds_count
-            if sample.step_seconds_count
-            else 0.0
-        )
-        merged["previousStepSeconds"] = mean
+        merged["previousStepSeconds"] = productive_per_step(sample)
     return merged
+
+
+def productive_per_step(sample: WorkerSample) -> float:
+    """The productive seconds of one of the process's steps: its ``step`` phase over the
+    steps it covers (every step but the first, which has a phase of its own; a worker
+    from before ``first_step`` counted the first in ``step``). Not the steps' wall time:
+    what a redone step costs is taken out of productive time, and the compilation, data
+    waits and checkpoints in the attempt's steps are already booked as their own badput."""
+    covered = sample.steps_total - (1 if "first_step" in sample.phases else 0)
+    return sample.phases.get("step", 0.0) / covered if covered > 0 else 0.0
 
 
 def account_resume(carried: dict[str, float], resumed_from: float | None) -> dict[str, float]:
