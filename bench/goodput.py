@@ -35,7 +35,9 @@ repetitions), and per repetition the ratio of the slice variant's goodput and st
 recreation's. One job runs first to its first checkpoint, unmeasured (the first JAX
 processes of a run read their files cold). With ``--compile-cache`` the workers use JAX's
 persistent compilation cache (``JAX_COMPILATION_CACHE_DIR``, a fresh directory per job): a
-restarted process loads the programs the attempt before it compiled. Results:
+restarted process may load the programs the attempt before it compiled (here on CPU only
+process 0 finds them, JAX writing entries from process 0 alone; it then waits in its first
+step for the others, booked as ``firstStep``). Results:
 ``bench/results/goodput.json`` (``goodput-cache.json`` with ``--compile-cache``).
 
     .venv/bin/python bench/goodput.py [--reps 2] [--slices 3] [--window 300] [--losses 3]

@@ -47,7 +47,7 @@ ended. Results: ``bench/results/slice_restart.json`` at the end, every finished 
 ``slice_restart.partial.json`` as it goes.
 
     .venv/bin/python bench/slice_restart.py [--reps N] [--sizes 256 1024 4096]
-        [--variants mixed inplace recreate jobset]
+        [--variants mixed inplace recreate jobset] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -56,10 +56,12 @@ import argparse
 import asyncio
 import contextlib
 import copy
+import os
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import harness
@@ -122,6 +124,9 @@ class Bench:
     cluster: Any
     jobset: jobset.JobSetController | None
     trials: list[dict[str, Any]] = field(default_factory=list)
+    profile: Path | None = None
+    """Where py-spy writes the stacks of the operator and of this process (the stand-in
+    supervisors and the watches) during each timed supervised restart (``--profile``)."""
 
 
 # Observation -----------------------------------------------------------------------------
@@ -324,6 +329,10 @@ async def trial_supervised(
         bench.operator.cpu(),
         len(standin.events),
     )
+    profilers = []
+    if rep > 0:  # not the warm-up
+        for pid, what in ((bench.operator.pid, "operator"), (os.getpid(), "bench")):
+            profilers.append(await harness.profile(pid, bench.profile, f"{name}-{what}.txt"))
     if in_place:
         failed = standin.fail(victim_pod(name, hosts))
     else:
@@ -335,6 +344,9 @@ async def trial_supervised(
     )
     done = ip.all_ready_at(standin, pods, name, hosts, 2)
     assert done is not None
+    for profiler in profilers:
+        if profiler is not None:
+            await profiler.stop()
     with contextlib.suppress(TimeoutError):
         await jobs.wait(
             lambda: jobs.phase_at(name, "Running", failed, attempt=2),
@@ -670,6 +682,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--sizes", type=int, nargs="+", choices=[h for h in SIZES if h != WARMUP])
     parser.add_argument("--variants", nargs="+", choices=VARIANTS)
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="record the operator and this process (the stand-ins) with py-spy during each "
+        "timed mixed and in-place restart, from the failure until every pod is Ready, into "
+        "DIR/<trial>-operator.txt and DIR/<trial>-bench.txt",
+    )
     args = parser.parse_args()
     sizes = sorted(args.sizes or [1024, 4096])
     variants = list(args.variants or VARIANTS)
@@ -698,7 +717,7 @@ def main() -> None:
                 controller, outcome["jobset"] = pod_creation.start_jobset(cluster)
                 if controller is None:
                     variants.remove("jobset")
-            bench = Bench(None, None, operator, cluster, controller)  # type: ignore[arg-type]
+            bench = Bench(None, None, operator, cluster, controller, profile=args.profile)  # type: ignore[arg-type]
             asyncio.run(drive(bench, master, variants, sizes, args.reps))
         finally:
             if controller is not None:
