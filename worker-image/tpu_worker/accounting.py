@@ -8,11 +8,10 @@ process's first interval: what is left of that one is the first step's own phase
 first execution, the collectives' set-up, and the wait in them for peers that still
 compile or restore: with JAX's persistent compilation cache one process may load its
 programs in a second while another compiles for minutes). A restarted process pays it
-again, so it is not productive. Phases nest: the
-innermost one owns a second, so no second is counted twice and the phases add up to the
-wall time the training loop spent. Time a phase measures on a thread other than the
-training loop's runs concurrently with the loop: it is counted in its phase but taken out
-of nothing.
+again, so it is not productive. Phases nest: the innermost one owns a second, so no second
+is counted twice and the phases add up to the wall time the training loop spent. Time a
+phase measures on a thread other than the training loop's runs concurrently with the loop:
+it is counted in its phase but taken out of nothing.
 
 Open intervals count too: ``open_seconds()`` says how many seconds each open frame owns so
 far, so that the exported counters advance while a phase runs rather than by a whole step
