@@ -193,8 +193,18 @@ def _job(name: str, phase: str, *, monitoring: bool = True) -> dict[str, Any]:
         ),
         pytest.param(
             [(None, _job("a", "Pending")), ("MODIFIED", _job("a", "Starting"))],
+            [],
+            id="starting: not every worker runs",
+        ),
+        pytest.param(
+            [(None, _job("a", "Starting")), ("MODIFIED", _job("a", "Running"))],
             ["a"],
             id="became active",
+        ),
+        pytest.param(
+            [(None, _job("a", "Running")), ("MODIFIED", _job("a", "Restarting"))],
+            [],
+            id="restarting",
         ),
     ],
 )

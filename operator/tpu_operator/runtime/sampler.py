@@ -1,5 +1,7 @@
 """Sample running jobs' worker metrics endpoints (no Prometheus server needed).
 
+Only jobs in phase Running are sampled (``ACTIVE_PHASES``).
+
 Every ``sampleInterval`` the sampler reads worker 0 of each slice; every sixth round it
 reads every worker, unless no worker answered the round before. A job whose workers serve
 no metrics (an image without them, workers still starting) costs one read an interval,
@@ -35,7 +37,12 @@ from tpu_operator.state.views import PodView
 
 log = logging.getLogger(__name__)
 FULL_ROUND_EVERY = 6
-ACTIVE_PHASES = ("Starting", "Running")
+ACTIVE_PHASES = ("Running",)
+"""A job is read while it runs. Before every worker of its attempt runs (Pending,
+Starting, an in-place restart until its processes are started) nothing trains yet, and a
+full round would read thousands of endpoints that cannot answer (the kept pods' processes
+stopped) while the restart's own stops and starts go out; a worker's counters keep what it
+did before, so nothing is lost by reading it once the job runs."""
 Key = tuple[str, str]
 
 
