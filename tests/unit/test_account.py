@@ -94,7 +94,7 @@ def test_closing_an_attempt_carries_its_seconds_and_publishes_its_last_progress(
     assert status.goodput.productive_seconds == 40.0
 
 
-def test_a_processs_first_step_is_badput_of_its_own_in_every_attempt():
+def test_a_process_first_step_is_badput_of_its_own_in_every_attempt():
     """A restarted process redoes its first step (and waits in it for peers that still
     compile or restore): the account books it as firstStep, carried across attempts, and
     never as productive time."""

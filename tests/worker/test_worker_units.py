@@ -145,7 +145,7 @@ def test_nested_phases_count_each_second_once() -> None:
     assert sum(seen.values()) == pytest.approx(6.75)
 
 
-def test_a_processs_first_step_interval_is_its_own_phase() -> None:
+def test_a_process_first_step_interval_is_its_own_phase() -> None:
     """What is left of the first step interval after its phases (the wait in the first
     collectives for peers still compiling) is not productive: a restart pays it again."""
     clock = FakeClock()
