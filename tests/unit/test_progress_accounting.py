@@ -89,9 +89,9 @@ def test_a_data_wait_outlier_is_the_straggler():
     for worker in range(4):
         slow = worker == 2
         pod = track.worker(f"j-0-{worker}", 0, worker, f"node-{worker}")
-        track.observe(pod, sample(0.0, 0))
+        track.observe(pod, sample(0.0, 1))
         track.observe(
-            pod, sample(10.0, 20, wait=8.0 if slow else 0.02 + worker * 0.01, step_seconds=0.5)
+            pod, sample(10.0, 21, wait=8.0 if slow else 0.02 + worker * 0.01, step_seconds=0.5)
         )
     found = track.stragglers(3.5)
     assert [(s.pod, s.node, s.metric) for s in found] == [("j-0-2", "node-2", "data wait")]
@@ -100,9 +100,31 @@ def test_a_data_wait_outlier_is_the_straggler():
     calm = JobTrack(attempt=1)
     for worker in range(4):
         pod = calm.worker(f"j-0-{worker}", 0, worker, None)
-        calm.observe(pod, sample(0.0, 0))
-        calm.observe(pod, sample(10.0, 20, wait=0.2 + worker * 0.001))
+        calm.observe(pod, sample(0.0, 1))
+        calm.observe(pod, sample(10.0, 21, wait=0.2 + worker * 0.001))
     assert calm.stragglers(3.5) == []
+
+
+def test_a_window_that_holds_the_first_step_names_no_straggler():
+    """A worker that compiled slower, or waited longer in its first collectives, is not
+    slow: its first step says nothing of its pace."""
+    track = JobTrack(attempt=1)
+    slow_first = {2: 30.0}  # one worker compiled for half a minute, the others for 1 s
+    for worker in range(4):
+        pod = track.worker(f"j-0-{worker}", 0, worker, None)
+        track.observe(pod, sample(0.0, 0))
+        seconds = slow_first.get(worker, 1.0) + 19 * 0.5  # its first step, then 19 of 0.5 s
+        track.observe(pod, sample(40.0, 20, step_seconds=seconds / 20))
+        assert pod.per_step() is None
+    assert track.stragglers(3.5) == []
+    # What the histogram would have said of that window: worker 2 at 1.98 s a step
+    # against 0.53 s, a straggler by any threshold.
+    for worker in range(4):  # the next window: every worker at its pace, 0.5 s a step
+        pod = track.workers[f"j-0-{worker}"]
+        seconds = slow_first.get(worker, 1.0) + 39 * 0.5
+        track.observe(pod, sample(50.0, 40, step_seconds=seconds / 40))
+        assert pod.per_step() == pytest.approx((0.5, 0.0))
+    assert track.stragglers(3.5) == []
 
 
 def test_robust_scores_handle_zero_mad():

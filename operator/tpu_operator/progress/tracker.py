@@ -58,11 +58,15 @@ class WorkerTrack:
         return (getattr(later, name) - getattr(earlier, name)) / (later.at - earlier.at)
 
     def per_step(self) -> tuple[float, float] | None:
-        """(step seconds, data-wait seconds) per step over the window."""
+        """(step seconds, data-wait seconds) per step over the window; None for a window
+        that holds the process's first step (its compilation and its wait for peers say
+        nothing of its pace: a worker that compiled slower would read as a straggler)."""
         pair = self.window()
         if pair is None:
             return None
         earlier, later = pair
+        if earlier.steps_total < 1:
+            return None
         steps = later.steps_total - earlier.steps_total
         if steps < 1:
             return None
