@@ -333,20 +333,22 @@ async def trial_supervised(
     if rep > 0:  # not the warm-up
         for pid, what in ((bench.operator.pid, "operator"), (os.getpid(), "bench")):
             profilers.append(await harness.profile(pid, bench.profile, f"{name}-{what}.txt"))
-    if in_place:
-        failed = standin.fail(victim_pod(name, hosts))
-    else:
-        failed = await lose_pod(bench.api, NAMESPACE, victim_pod(name, hosts))
-    await pods.wait(
-        lambda: ip.all_ready_at(standin, pods, name, hosts, 2),
-        limit,
-        f"{name} attempt 2 Ready",
-    )
+    try:
+        if in_place:
+            failed = standin.fail(victim_pod(name, hosts))
+        else:
+            failed = await lose_pod(bench.api, NAMESPACE, victim_pod(name, hosts))
+        await pods.wait(
+            lambda: ip.all_ready_at(standin, pods, name, hosts, 2),
+            limit,
+            f"{name} attempt 2 Ready",
+        )
+    finally:  # a trial that times out leaves no py-spy attached
+        for profiler in profilers:
+            if profiler is not None:
+                await profiler.stop()
     done = ip.all_ready_at(standin, pods, name, hosts, 2)
     assert done is not None
-    for profiler in profilers:
-        if profiler is not None:
-            await profiler.stop()
     with contextlib.suppress(TimeoutError):
         await jobs.wait(
             lambda: jobs.phase_at(name, "Running", failed, attempt=2),
