@@ -313,6 +313,14 @@ class Api:
     def slices(self, namespace: str) -> list[dict[str, Any]]:
         return self.raw.get(SLICES.format(ns=namespace))["items"]
 
+    def patch_slice(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.raw.call(
+            "PATCH",
+            f"{SLICES.format(ns=namespace)}/{name}",
+            patch,
+            content_type="application/merge-patch+json",
+        )
+
     def pods(self, namespace: str, selector: str = contract.LABEL_SLICE_NAME) -> list[dict]:
         return self.raw.get(f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}")[
             "items"

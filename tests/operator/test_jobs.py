@@ -367,6 +367,57 @@ def test_standalone_slice_restarts_itself(tpu, namespace, running_operator):
     assert env["JAX_COORDINATOR_ADDRESS"] == "serve-0.serve:8482"
 
 
+def test_a_standalone_slice_failed_for_good_stops_its_other_workers(
+    tpu, namespace, running_operator
+):
+    """As a job that failed for good: the workers that still run are stopped (they would
+    hold their TPU VMs for ever), and a resume changes nothing."""
+    command = 'if [ "$TPU_OPERATOR_PROCESS_ID" = 0 ]; then sleep 2; exit 3; fi; sleep 300'
+    tpu.apply(
+        {
+            "apiVersion": contract.API_VERSION,
+            "kind": contract.SLICE_KIND,
+            "metadata": {"name": "doomed", "namespace": namespace},
+            "spec": {
+                "type": "v5litepod-16",
+                "failurePolicy": {"maxRestarts": 0},
+                "template": job_manifest("x", namespace, {}, command)["spec"]["template"],
+            },
+        }
+    )
+
+    def status() -> dict:
+        items = tpu.slices(namespace)
+        return items[0].get("status", {}) if items else {}
+
+    def stopped() -> dict | None:
+        now = status()
+        pods = tpu.pods(namespace)
+        running = [
+            p
+            for p in pods
+            if p["status"].get("phase") not in ("Succeeded", "Failed")
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+        stopped = next((c for c in now.get("conditions", []) if c["type"] == "PodsStopped"), {})
+        done = now.get("phase") == "Failed" and not running and stopped.get("status") == "True"
+        return now if done else None
+
+    failed = wait_until(stopped, timeout=90, message="the slice to fail and stop its workers")
+    assert failed["attempt"] == 1 and failed["failure"]["exitCode"] == 3
+    assert "maxRestarts (0) reached" in failed["message"]
+    assert not failed.get("nodePool")  # its pool is free for others
+    tpu.patch_slice(namespace, "doomed", {"spec": {"suspend": True}})
+    tpu.patch_slice(namespace, "doomed", {"spec": {"suspend": False}})
+    wait_until(
+        lambda: status().get("observedGeneration") == 3,
+        timeout=30,
+        message="the slice to read its spec again",
+    )
+    assert (status()["phase"], status()["attempt"]) == ("Failed", 1)
+    assert not [p for p in tpu.pods(namespace) if p["status"].get("phase") == "Pending"]
+
+
 def test_operator_killed_mid_creation_converges_to_exactly_64_pods(
     tpu, namespace, cluster, running_operator
 ):

@@ -461,15 +461,6 @@ def wait_slice_phase(tpu: Api, namespace: str, name: str, phase: str, timeout: f
     )
 
 
-def patch_slice(tpu: Api, namespace: str, name: str, patch: dict[str, Any]) -> None:
-    tpu.raw.call(
-        "PATCH",
-        f"{SLICES.format(ns=namespace)}/{name}",
-        patch,
-        content_type="application/merge-patch+json",
-    )
-
-
 def wait_waiting(
     log: StatusLog, name: str, kind: str = contract.JOB_KIND, after: float = 0, timeout=30
 ) -> StatusSeen:
@@ -722,12 +713,12 @@ def test_standalone_slice_and_job_take_turns_on_one_pool(
         tpu.apply(slow_job("train", namespace))
         wait_waiting(log, "train")
         # Slice -> job.
-        patch_slice(tpu, namespace, "serve", {"spec": {"suspend": True}})
+        tpu.patch_slice(namespace, "serve", {"spec": {"suspend": True}})
         wait_handed_over(tpu, watcher, namespace, pool, contract.JOB_KIND, "train")
         wait_running_on(tpu, namespace, "train", pool)
         # Job -> slice.
         resumed = log.now()
-        patch_slice(tpu, namespace, "serve", {"spec": {"suspend": False}})
+        tpu.patch_slice(namespace, "serve", {"spec": {"suspend": False}})
         wait_waiting(log, "serve", contract.SLICE_KIND, after=resumed)
         assert watcher.owners_on(pool) == {job}
         tpu.patch_job(namespace, "train", {"spec": {"suspend": True}})

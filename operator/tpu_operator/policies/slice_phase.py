@@ -1,10 +1,13 @@
 """The phase of a TPUSlice and its message, from its gang and what holds it back.
 
 One ladder for both kinds of slice, a job's child and a standalone TPUSlice, which
-differ in one rung: pods a standalone slice deletes because it is suspended are not its
-outcome (it is Suspended whatever they exit with), while a job's slice keeps a real end.
-In order, the first that applies:
+differ in two rungs: a standalone slice that finished stays as it ended (its job's
+rule), and pods a standalone slice deletes because it is suspended are not its outcome
+(it is Suspended whatever they exit with), while a job's slice keeps a real end. In
+order, the first that applies:
 
+0. A standalone slice that succeeded or failed for good keeps its phase and message (a
+   finished job stays finished: ``standalone.finished``).
 1. The apiserver refused the attempt's pods: ``Failed`` for an invalid template (the
    slice cannot run with it), else ``Pending`` while the slice retries.
 2. The attempt ended: ``Succeeded`` or ``Failed``, with the failure that ended it
@@ -81,7 +84,11 @@ class SliceFacts:
     """The apiserver's refusal of this attempt's pods, at the last try."""
     previous_phase: Phase = Phase.PENDING
     previous_attempt: int = 0
-    """The phase and attempt of the status as read."""
+    previous_message: str = ""
+    """The phase, attempt and message of the status as read."""
+    finished: bool = False
+    """A standalone slice that succeeded or failed for good: it keeps its phase and
+    message, as a finished job does (``standalone.finished``)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,8 @@ class SlicePhase:
 def decide(facts: SliceFacts) -> SlicePhase:
     """The slice's phase and message (the ladder of the module's docstring)."""
     state, refusal = facts.gang, facts.refusal
+    if facts.finished:
+        return SlicePhase(facts.previous_phase, facts.previous_message)
     if refusal is not None and refusal.invalid:
         return SlicePhase(
             Phase.FAILED,

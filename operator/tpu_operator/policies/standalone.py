@@ -1,13 +1,15 @@
 """A standalone TPUSlice (one no TPUJob owns): its own job of one slice, under the job's
 rules.
 
-Its attempt is the one it recorded (the first, at least); resumed after a suspension, it
-runs the next one, a new attempt and not a restart, as a resumed job does
-(``start.start``). A failed attempt goes through the job's failure policy
-(``failure.book``): restarted as the next attempt after the backoff, counted against
-``maxRestarts`` or not, or failed for good. Unlike a job's, its restarts always recreate
-the pods (its workers run no supervisor). Its status is the slice's own
-(``TPUSliceStatus``: ``notBefore`` where a job has ``restartAt``)."""
+Its attempt is the one it recorded; created, or resumed after a suspension, it runs the
+next one, a new attempt and not a restart, by the job's own rule (``start.resumes``;
+created suspended, it runs none until it is resumed, as a job does). A failed attempt
+goes through the job's failure policy (``failure.book``): restarted as the next attempt
+after the backoff, counted against ``maxRestarts`` or not, or failed for good. A
+finished slice stops its pods and stays finished (``finished``, the job's
+``lifetime.finished``). Unlike a job's, its restarts always recreate the pods (its
+workers run no supervisor). Its status is the slice's own (``TPUSliceStatus``:
+``notBefore`` where a job has ``restartAt``)."""
 
 from __future__ import annotations
 
@@ -16,16 +18,27 @@ from dataclasses import dataclass
 
 from tpu_operator.api.policy import FailurePolicy
 from tpu_operator.api.slice import TPUSliceStatus
-from tpu_operator.api.status import Phase, Reason
+from tpu_operator.api.status import TERMINAL_PHASES, Phase, Reason
 from tpu_operator.policies.failure import book
+from tpu_operator.policies.start import resumes
 from tpu_operator.state.gang import WorkerFailure
 
 
 def attempt(status: TPUSliceStatus, suspend: bool) -> int:
-    """The attempt the slice runs (``suspend``: its spec says it is suspended)."""
-    if status.phase == Phase.SUSPENDED and not suspend:
-        return status.attempt + 1  # resumed: a new attempt
-    return max(status.attempt, 1)
+    """The attempt the slice runs (``suspend``: its spec says it is suspended): the job's
+    rule (``start.resumes``). Created, or resumed, the next one; created suspended, none
+    (0) until it is resumed."""
+    if not suspend and resumes(status.attempt, status.phase):
+        return status.attempt + 1
+    return status.attempt
+
+
+def finished(phase: str) -> bool:
+    """The slice's last attempt succeeded, or failed for good: it stays so, its running
+    pods are stopped, and its spec's ``suspend`` changes nothing, as for a finished job
+    (``lifetime.finished``). A worker still running when another failed the slice for good
+    would otherwise hold its TPU VM for ever."""
+    return phase in TERMINAL_PHASES
 
 
 @dataclass(frozen=True)

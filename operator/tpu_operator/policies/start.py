@@ -21,15 +21,19 @@ POOL_RETRY_SECONDS = 15.0
 by the last pod leaving a pool."""
 
 
+def resumes(attempt: int, phase: str | None) -> bool:
+    """The next attempt begins (unless the spec still suspends it): none has begun, or the
+    object was suspended or queued and is let go. One rule for a job and for a standalone
+    TPUSlice (``standalone.attempt``): either created suspended first runs attempt 1, and
+    a resume runs the attempt after the one that was stopped."""
+    return attempt == 0 or phase in (Phase.SUSPENDED, Phase.QUEUED)
+
+
 def should_start(facts: JobFacts, plan: Plan, attempt: int) -> bool:
     """Not started, resumed, or resumed and still waiting for node pools: a multi-host
     attempt never runs without its pools recorded."""
     status = plan.status
-    return (
-        attempt == 0
-        or status.phase in (Phase.SUSPENDED, Phase.QUEUED)
-        or (facts.shape.needs_pool and not status.node_pools)
-    )
+    return resumes(attempt, status.phase) or (facts.shape.needs_pool and not status.node_pools)
 
 
 def start(

@@ -115,6 +115,11 @@ class SliceRole(ABC):
         """The attempt the slice runs, and the time before which it creates no pod."""
 
     @abstractmethod
+    def finished(self, phase: str) -> bool:
+        """Whether a slice in ``phase`` is finished: it keeps its phase, stops its pods and
+        creates none."""
+
+    @abstractmethod
     def gang_attempts(self, pods: list[PodView]) -> Collection[int]:
         """The attempts of the pods of its gang (``pods``: the slice's own), each once: no
         pod of a new attempt is created while one of an older attempt is left."""
@@ -178,6 +183,9 @@ class OwnedSlice(SliceRole):
     def target_and_not_before(self, status: TPUSliceStatus) -> tuple[int, dt.datetime | None]:
         return self.spec.attempt, parse(self.spec.not_before)
 
+    def finished(self, phase: str) -> bool:
+        return False  # its job decides: a finished job stops its slices (``spec.suspend``)
+
     def gang_attempts(self, pods: list[PodView]) -> Collection[int]:
         # Every slice of the job: no straggler of attempt N on any slice meets N+1.
         return self.ctx.caches.attempts_of_job(self.namespace, self.job)
@@ -228,6 +236,9 @@ class StandaloneSlice(SliceRole):
 
     def target_and_not_before(self, status: TPUSliceStatus) -> tuple[int, dt.datetime | None]:
         return standalone.attempt(status, self.spec.suspend), parse(status.not_before)
+
+    def finished(self, phase: str) -> bool:
+        return standalone.finished(phase)
 
     def gang_attempts(self, pods: list[PodView]) -> Collection[int]:
         return {p.attempt for p in pods}

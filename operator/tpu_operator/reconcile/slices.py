@@ -256,7 +256,8 @@ class SliceRun:
             tombstones=tombstones,
             not_ready_nodes=ctx.caches.not_ready_nodes(nodes_of(pods, tombstones)),
         )
-        stopping = spec.suspend or target == 0
+        finished = role.finished(status.phase)
+        stopping = spec.suspend or target == 0 or finished
 
         pool = role.pool(status, stopping)
         node_pool, waiting_for = pool.name, pool.waiting_for
@@ -303,6 +304,7 @@ class SliceRun:
             node_pool,
             waiting_for,
             refusal,
+            finished,
         )
 
         # commit
@@ -316,7 +318,7 @@ class SliceRun:
         if await role.ensure_service(ports_of(spec)):
             self._after(MIN_REQUEUE_SECONDS)  # the next status says the conflict
         await self._delete_stale(state)
-        if stopping:
+        if stopping or role.finished(new["phase"]):
             await self._stop_active(state, pods)
         if creating:
             await self._create_pods(to_create, target, node_pool, capacity, gke_slice, refusal)
@@ -789,6 +791,7 @@ class SliceRun:
         node_pool: str | None,
         waiting_for: str,
         refusal: PodRefusal | None,
+        finished: bool,
     ) -> dict[str, Any]:
         spec, old = self.spec, self.status
         if refusal is not None and not refusal.invalid:
@@ -832,6 +835,8 @@ class SliceRun:
                 refusal=refusal,
                 previous_phase=old.phase,
                 previous_attempt=old.attempt,
+                finished=finished,
+                previous_message=old.message,
             )
         )
         if decided.failure is not None:

@@ -53,6 +53,38 @@ def facts(state: GangState, **fields: Any) -> SliceFacts:
     ("given", "phase", "message", "failure", "ended", "recheck"),
     [
         pytest.param(
+            facts(
+                gang("Creating", 0, 2),
+                standalone=True,
+                stopping=True,
+                finished=True,
+                previous_phase=Phase.FAILED,
+                previous_message="worker s-0 exited 1; failurePolicy.maxRestarts (0) reached",
+            ),
+            Phase.FAILED,
+            "worker s-0 exited 1; failurePolicy.maxRestarts (0) reached",
+            None,
+            False,
+            None,
+            id="finished-standalone-stays-as-it-ended-its-pods-gone",
+        ),
+        pytest.param(
+            facts(
+                gang("Succeeded", 0),
+                standalone=True,
+                suspend=True,
+                finished=True,
+                previous_phase=Phase.SUCCEEDED,
+                previous_message="all 2 workers exited 0",
+            ),
+            Phase.SUCCEEDED,
+            "all 2 workers exited 0",
+            None,
+            False,
+            None,
+            id="finished-standalone-suspended-stays-succeeded",
+        ),
+        pytest.param(
             facts(gang("Creating", 0, 2), refusal=INVALID),
             Phase.FAILED,
             "the apiserver rejected the pod",

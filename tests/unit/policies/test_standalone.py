@@ -22,6 +22,10 @@ NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     ("recorded", "suspend", "expected"),
     [
         ({}, False, 1),  # not started: the first attempt
+        ({}, True, 0),  # created suspended: none until it is resumed, as a job
+        ({"attempt": 0, "phase": "Suspended"}, False, 1),  # then resumed: the first
+        ({"attempt": 2, "phase": "Failed"}, False, 2),  # failed for good: stays
+        ({"attempt": 2, "phase": "Succeeded"}, False, 2),
         ({"attempt": 3, "phase": "Running"}, False, 3),
         ({"attempt": 3, "phase": "Suspended"}, True, 3),  # still suspended
         ({"attempt": 3, "phase": "Suspended"}, False, 4),  # resumed: a new attempt
@@ -78,3 +82,18 @@ def test_a_failed_attempt_restarts_or_fails_under_the_jobs_failure_policy(
     else:
         assert ending.restart is None
         assert status.restarts == 0 and status.not_before is None
+
+
+@pytest.mark.parametrize(
+    ("phase", "expected"),
+    [
+        (Phase.SUCCEEDED, True),
+        (Phase.FAILED, True),
+        (Phase.RESTARTING, False),  # a failed attempt that restarts goes on
+        (Phase.SUSPENDED, False),
+        (Phase.RUNNING, False),
+        (Phase.PENDING, False),
+    ],
+)
+def test_a_standalone_slice_is_finished_once_it_succeeded_or_failed_for_good(phase, expected):
+    assert standalone.finished(phase) is expected
