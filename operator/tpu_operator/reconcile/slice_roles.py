@@ -24,7 +24,9 @@ from typing import Any
 
 from tpu_operator import contract
 from tpu_operator.api.conditions import parse
+from tpu_operator.api.policy import FailurePolicy
 from tpu_operator.api.slice import TPUSliceSpec, TPUSliceStatus
+from tpu_operator.api.status import Phase
 from tpu_operator.builders.pods import Owner
 from tpu_operator.builders.service import headless_service
 from tpu_operator.builders.wiring import Ports
@@ -32,6 +34,7 @@ from tpu_operator.catalog import SliceShape
 from tpu_operator.placement.pools import requests_for
 from tpu_operator.placement.provisioning import is_claim
 from tpu_operator.policies import standalone
+from tpu_operator.policies.standalone import Ending
 from tpu_operator.policies.start import POOL_RETRY_SECONDS
 from tpu_operator.reconcile.context import Context
 from tpu_operator.reconcile.pools import (
@@ -43,6 +46,7 @@ from tpu_operator.reconcile.pools import (
     slice_pool_values,
 )
 from tpu_operator.runtime.ownership import owned_by, slice_job_name
+from tpu_operator.state.gang import WorkerFailure
 from tpu_operator.state.views import PodView
 
 
@@ -120,6 +124,13 @@ class SliceRole(ABC):
         creates none."""
 
     @abstractmethod
+    def attempt_failed(
+        self, status: TPUSliceStatus, failure: WorkerFailure, attempt: int, now: dt.datetime
+    ) -> Ending:
+        """``attempt`` failed with ``failure`` (``slice_phase``'s ``ended``): whether it
+        restarts (``status`` is updated in place)."""
+
+    @abstractmethod
     def gang_attempts(self, pods: list[PodView]) -> Collection[int]:
         """The attempts of the pods of its gang (``pods``: the slice's own), each once: no
         pod of a new attempt is created while one of an older attempt is left."""
@@ -186,6 +197,12 @@ class OwnedSlice(SliceRole):
     def finished(self, phase: str) -> bool:
         return False  # its job decides: a finished job stops its slices (``spec.suspend``)
 
+    def attempt_failed(
+        self, status: TPUSliceStatus, failure: WorkerFailure, attempt: int, now: dt.datetime
+    ) -> Ending:
+        # Never asked (the ladder ends no job's slice): its job decides, the slice reports.
+        return Ending(Phase.FAILED, failure.message)
+
     def gang_attempts(self, pods: list[PodView]) -> Collection[int]:
         # Every slice of the job: no straggler of attempt N on any slice meets N+1.
         return self.ctx.caches.attempts_of_job(self.namespace, self.job)
@@ -239,6 +256,12 @@ class StandaloneSlice(SliceRole):
 
     def finished(self, phase: str) -> bool:
         return standalone.finished(phase)
+
+    def attempt_failed(
+        self, status: TPUSliceStatus, failure: WorkerFailure, attempt: int, now: dt.datetime
+    ) -> Ending:
+        policy = self.spec.failure_policy or FailurePolicy()
+        return standalone.attempt_failed(status, failure, policy, now, attempt)
 
     def gang_attempts(self, pods: list[PodView]) -> Collection[int]:
         return {p.attempt for p in pods}

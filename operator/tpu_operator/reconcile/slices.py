@@ -26,10 +26,11 @@ Rules, applied on every reconcile from the watch caches (level-triggered):
    the attempt were seen ends the attempt (it is not silently replaced).
 4. A suspended slice (or one whose job is suspended or finished) deletes its running
    pods and creates none.
-5. A standalone slice is its own job of one slice: ``policies/standalone.py`` decides its
-   attempt and its restarts under its failurePolicy (the job's rule, ``failure.book``),
-   and it allocates its own pool and makes its own Service; a job-owned slice only
-   reports, and its TPUJob decides. Each difference between the two is a method of the
+5. A standalone slice is its own job of one slice, under the job's rules
+   (``policies/standalone.py``): the attempt it runs (``start.resumes``), its restarts
+   under its failurePolicy (``failure.book``), and its end (a finished slice stops its
+   pods and stays as it ended, ``lifetime.finished``); it allocates its own pool and
+   makes its own Service. A job-owned slice only reports, and its TPUJob decides. Each difference between the two is a method of the
    slice's role (``slice_roles.py``: ``OwnedSlice``, ``StandaloneSlice``), chosen once
    when the ``SliceRun`` is built; the reconcile itself branches on the kind nowhere.
 6. A job-owned slice whose TPUJob is gone or being deleted (or is another job of the same
@@ -68,7 +69,7 @@ from tpu_operator.placement.capacity import (
     request_state,
 )
 from tpu_operator.placement.provisioning import is_claim
-from tpu_operator.policies import dynamic_slice, provisioning_request, slice_phase, standalone
+from tpu_operator.policies import dynamic_slice, provisioning_request, slice_phase
 from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
 from tpu_operator.policies.slice_phase import PodRefusal
 from tpu_operator.reconcile.context import (
@@ -845,7 +846,7 @@ class SliceRun:
             self._after(decided.recheck)
         phase, message = decided.phase, decided.message
         if decided.ended is not None:
-            phase, message = self._standalone_failure(status, decided.ended, target)
+            phase, message = self._attempt_failed(status, decided.ended, target)
         if phase in TERMINAL_PHASES and status.completion_time is None:
             status.completion_time = stamp(self.now)
         provisioning = ""
@@ -870,13 +871,12 @@ class SliceRun:
         result["conditions"] = conditions
         return result
 
-    def _standalone_failure(
+    def _attempt_failed(
         self, status: TPUSliceStatus, failure: WorkerFailure, target: int
     ) -> tuple[Phase, str]:
-        """A standalone slice's failed attempt, under the job's failure policy
-        (``policies/standalone.py``; ``status`` is updated in place)."""
-        policy = self.spec.failure_policy or FailurePolicy()
-        ending = standalone.attempt_failed(status, failure, policy, self.now, target)
+        """The slice's attempt failed: what its role decides follows (a standalone
+        slice's failure policy; ``status`` is updated in place)."""
+        ending = self.role.attempt_failed(status, failure, target, self.now)
         reason = ending.restart
         if reason is not None:
             # Counted once the decision is committed (a lost write is decided again).
