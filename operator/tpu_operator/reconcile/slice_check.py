@@ -39,7 +39,7 @@ from tpu_operator.catalog import SliceShape
 from tpu_operator.placement import dynamic
 from tpu_operator.policies import slice_check
 from tpu_operator.reconcile.context import Context, job_ref, workload_path
-from tpu_operator.reconcile.slices import SLICES_PATH, node_partitions
+from tpu_operator.reconcile.slice_capacity import SLICES_PATH, node_partitions
 from tpu_operator.runtime.kube import ApiError
 
 log = logging.getLogger(__name__)

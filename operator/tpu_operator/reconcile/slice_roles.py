@@ -50,6 +50,13 @@ from tpu_operator.state.gang import WorkerFailure
 from tpu_operator.state.views import PodView
 
 
+def ports_of(spec: TPUSliceSpec) -> Ports:
+    ports = spec.ports
+    if ports is None:
+        return Ports()
+    return Ports(coordinator=ports.coordinator, megascale=ports.megascale, metrics=ports.metrics)
+
+
 @dataclass(frozen=True)
 class SlicePool:
     """The node pool a slice's pods go to in this reconcile."""

@@ -6,10 +6,10 @@ decides its status (its phase and message by the pure ladder of
 read), and only then acts on the pods, as the job does: a write that loses to a
 concurrent change (409) acts on nothing. What the act meets (pods the apiserver refuses,
 a Service that belongs to another object) is said by the next status, which it asks for
-at once. So with the capacity the pods consume: the ProvisioningRequest of queued
-provisioning (``policies/provisioning_request.py``) and the GKE Slice of dynamic slicing
-(``policies/dynamic_slice.py``) are read while observing, and what the status says of
-them decided there; they are made, withdrawn or deleted only after the write.
+at once. So with the capacity the pods consume (``slice_capacity.py``): the
+ProvisioningRequest of queued provisioning and the GKE Slice of dynamic slicing are read
+while observing, and what the status says of them decided there; they are made,
+withdrawn or deleted only after the write.
 
 Rules, applied on every reconcile from the watch caches (level-triggered):
 
@@ -30,9 +30,10 @@ Rules, applied on every reconcile from the watch caches (level-triggered):
    (``policies/standalone.py``): the attempt it runs (``start.resumes``), its restarts
    under its failurePolicy (``failure.book``), and its end (a finished slice stops its
    pods and stays as it ended, ``lifetime.finished``); it allocates its own pool and
-   makes its own Service. A job-owned slice only reports, and its TPUJob decides. Each difference between the two is a method of the
-   slice's role (``slice_roles.py``: ``OwnedSlice``, ``StandaloneSlice``), chosen once
-   when the ``SliceRun`` is built; the reconcile itself branches on the kind nowhere.
+   makes its own Service. A job-owned slice only reports, and its TPUJob decides. Each
+   difference between the two is a method of the slice's role (``slice_roles.py``:
+   ``OwnedSlice``, ``StandaloneSlice``), chosen once when the ``SliceRun`` is built; the
+   reconcile itself branches on the kind nowhere.
 6. A job-owned slice whose TPUJob is gone or being deleted (or is another job of the same
    name: owner references are compared by UID) does nothing: the garbage collector
    removes it and its pods, and a deleted job starts nothing.
@@ -57,19 +58,13 @@ from tpu_operator.api.slice import TPUSliceSpec, TPUSliceStatus
 from tpu_operator.api.status import TERMINAL_PHASES, ConditionType, Phase, Reason, ResolvedShape
 from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
 from tpu_operator.builders.supervision import Supervision
-from tpu_operator.builders.wiring import PodWiring, Ports
+from tpu_operator.builders.wiring import PodWiring
 from tpu_operator.catalog import CatalogError
-from tpu_operator.placement import dynamic
 from tpu_operator.placement.capacity import (
-    PROVISIONING_REQUEST_API,
-    PROVISIONING_REQUEST_PLURAL,
-    QUEUED,
     CapacityMode,
-    request_objects,
-    request_state,
 )
 from tpu_operator.placement.provisioning import is_claim
-from tpu_operator.policies import dynamic_slice, provisioning_request, slice_phase
+from tpu_operator.policies import slice_phase
 from tpu_operator.policies.plan import MIN_REQUEUE_SECONDS
 from tpu_operator.policies.slice_phase import PodRefusal
 from tpu_operator.reconcile.context import (
@@ -83,7 +78,8 @@ from tpu_operator.reconcile.pools import (
     claim_toleration_value,
     slice_holder,
 )
-from tpu_operator.reconcile.slice_roles import SliceRole, role_of
+from tpu_operator.reconcile.slice_capacity import SliceCapacity, release_dynamic_slices
+from tpu_operator.reconcile.slice_roles import SliceRole, ports_of, role_of
 from tpu_operator.runtime.caches import slice_sharing
 from tpu_operator.runtime.kube import ApiError, namespaced, send_all
 from tpu_operator.state.gang import (
@@ -106,11 +102,8 @@ BARRIER_RECHECK_SECONDS = 5.0
 """Safety net while pods of an older attempt drain: the slice is also woken by their
 deletion events."""
 FORBIDDEN_RETRY_SECONDS = 30.0
-RELEASE_RETRY_SECONDS = 10.0
-SLICES_PATH = f"/apis/{contract.SLICE_API_VERSION}/{contract.SLICE_CRD_PLURAL}"
 """Retry after the apiserver refused the pods as forbidden (quota, admission policy):
 the cause is outside the operator and may be lifted at any time."""
-PROVISIONING_GROUP = PROVISIONING_REQUEST_API.split("/")[0]
 BUILD_ERRORS = (TypeError, AttributeError, ValueError, KeyError, IndexError, OverflowError)
 """What building a pod from a template the models accepted must never raise; if it does,
 the slice fails with InvalidPodTemplate rather than retrying a traceback."""
@@ -135,13 +128,6 @@ def refusal_reason(error: ApiError) -> Reason:
     if error.invalid:
         return Reason.INVALID_POD_TEMPLATE
     return Reason.POD_CREATION_FAILED
-
-
-def ports_of(spec: TPUSliceSpec) -> Ports:
-    ports = spec.ports
-    if ports is None:
-        return Ports()
-    return Ports(coordinator=ports.coordinator, megascale=ports.megascale, metrics=ports.metrics)
 
 
 class SliceReconciler:
@@ -173,34 +159,6 @@ class SliceReconciler:
         return await SliceRun(ctx, body, spec, role).reconcile()
 
 
-def node_partitions(ctx: Context, level: str) -> dict[str, dynamic.Partition]:
-    """The partitions of ``level`` (e.g. 4x4x4) the TPU nodes' labels describe, by id:
-    computed once per node snapshot (every dynamic slice and slice check reads them)."""
-    return ctx.caches.from_nodes(
-        f"partitions/{level}", lambda nodes: dynamic.partitions(nodes, level)
-    )
-
-
-async def release_dynamic_slices(ctx: Context, namespace: str, name: str) -> float | None:
-    """Delete the GKE Slices of a TPUSlice that is gone (they are cluster-scoped: no owner
-    reference collects them). Nothing to do, and nothing asked twice, where the Slice CRD
-    does not exist."""
-    if not ctx.caches.dynamic_slicing_seen:
-        return None
-    try:
-        listed = await ctx.kube.request(
-            "GET", SLICES_PATH, query={"labelSelector": dynamic.owner_selector(namespace, name)}
-        )
-        for item in (listed or {}).get("items", []):
-            await ctx.kube.delete(f"{SLICES_PATH}/{item['metadata']['name']}")
-    except ApiError as exc:
-        if exc.not_found:
-            return None
-        log.warning("cannot delete the GKE Slices of %s/%s: %s", namespace, name, exc)
-        return RELEASE_RETRY_SECONDS
-    return None
-
-
 class SliceRun:
     """One reconcile of one slice."""
 
@@ -221,11 +179,8 @@ class SliceRun:
         self.create_reason: Reason | None = None
         """Why the last try could not create pods it should have (then retried)."""
         self.after_commit: list[Callable[[], None]] = []
-        self.provisioning: tuple[str, int, str] | None = None
-        """The ProvisioningRequest of this reconcile: (name, tries, state in words)."""
-        self.provisioning_events: list[tuple[str, Reason, str]] = []
-        self.withdrawn = False
-        """This reconcile withdraws the slice's ProvisioningRequest (its capacity changed)."""
+        self.capacity = SliceCapacity(ctx, body, spec, role, self.status, self._after)
+        """Its ProvisioningRequest and GKE Slices (``slice_capacity.py``)."""
 
     def _after(self, seconds: float) -> None:
         seconds = max(seconds, MIN_REQUEUE_SECONDS)
@@ -265,8 +220,8 @@ class SliceRun:
         if pool.retry_after is not None:
             self._after(pool.retry_after)
 
-        mode = self._capacity()
-        request = await self._request(mode, target, node_pool, stopping, state, pods)
+        mode = self.capacity.mode()
+        request = await self.capacity.read_request(mode, target, node_pool, stopping, state, pods)
         capacity = replace(mode, provisioning_request=request.consume)
 
         blocked = barrier or (not_before is not None and self.now < not_before)
@@ -288,7 +243,7 @@ class SliceRun:
             forming = can_create and bool(to_create)
             release = stopping or state.outcome == "Succeeded"
             if forming or release:
-                dynamic_plan = await self._dynamic_slice(target, release, forming)
+                dynamic_plan = await self.capacity.read_dynamic_slice(target, release, forming)
                 gke_slice, waiting_for = dynamic_plan.gke_slice, dynamic_plan.waiting_for
                 can_create = can_create and gke_slice is not None
         creating = can_create and bool(to_create)
@@ -313,9 +268,9 @@ class SliceRun:
             return RETRY_AFTER_CONFLICT
 
         # act
-        await self._act_on_request(request, target, node_pool, mode)
+        await self.capacity.act_on_request(request, target, node_pool, mode)
         if dynamic_plan is not None:
-            await self._act_on_dynamic_slices(dynamic_plan, target)
+            await self.capacity.act_on_dynamic_slices(dynamic_plan, target)
         if await role.ensure_service(ports_of(spec)):
             self._after(MIN_REQUEUE_SECONDS)  # the next status says the conflict
         await self._delete_stale(state)
@@ -357,150 +312,6 @@ class SliceRun:
         if refusal is None or refusal.uid != self.body["metadata"]["uid"]:
             return None
         return refusal if refusal.attempt == target else None
-
-    def _capacity(self) -> CapacityMode:
-        """The slice's capacity mode (``placement/capacity.py``), without the request its
-        pods consume (``_request`` says that)."""
-        placement = self.spec.placement
-        return CapacityMode(
-            placement.capacity if placement else None,
-            placement.max_run_duration_seconds if placement else None,
-        )
-
-    async def _request(
-        self,
-        mode: CapacityMode,
-        target: int,
-        node_pool: str | None,
-        stopping: bool,
-        state: GangState,
-        pods: list[PodView],
-    ) -> provisioning_request.RequestPlan:
-        """For queued provisioning outside Kueue, the slice's ProvisioningRequest: read
-        (one GET, when there is one to look at) and decided
-        (``policies/provisioning_request.py``). What the plan makes, withdraws or moves is
-        done after the status is written (``_act_on_request``)."""
-        template_meta = ((self.body.get("spec") or {}).get("template") or {}).get("metadata")
-        status = self.status
-        facts = provisioning_request.RequestFacts(
-            slice_name=self.name,
-            queued=mode.capacity == QUEUED,
-            kueue_made=contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST
-            in ((template_meta or {}).get("annotations") or {}),
-            stopping=stopping,
-            attempt=target,
-            recorded=status.provisioning_request,
-            recorded_state=status.provisioning_state,
-            tries=status.provisioning_tries if status.attempt == target else 0,
-            claim=is_claim(node_pool),
-            hosts=self.shape.hosts,
-            to_create=bool(state.to_create),
-            pods=pods,
-        )
-        name = provisioning_request.to_read(facts)
-        found = None
-        if name is not None:
-            path = namespaced(self.namespace, PROVISIONING_REQUEST_PLURAL, group=PROVISIONING_GROUP)
-            body = await self.ctx.kube.get(f"{path}/{name}")
-            found = request_state(body) if body is not None else None
-        plan = provisioning_request.decide(facts, found)
-        self.provisioning = plan.recorded
-        self.withdrawn = plan.withdraw is not None
-        if plan.failed:
-            self._event_later("Warning", Reason.PROVISIONING_FAILED, plan.failed)
-        if plan.recheck is not None:
-            self._after(plan.recheck)
-        return plan
-
-    async def _act_on_request(
-        self,
-        plan: provisioning_request.RequestPlan,
-        target: int,
-        node_pool: str | None,
-        mode: CapacityMode,
-    ) -> None:
-        """Withdraw, make and move what the committed plan says."""
-        if plan.withdraw is not None:
-            await self._withdraw(plan.withdraw)
-        if plan.make is not None:
-            await self._make_request(plan.make, target, node_pool, mode)
-        if plan.consume is None or not plan.move:
-            return
-        annotation = {contract.ANNOTATION_CONSUME_PROVISIONING_REQUEST: plan.consume}
-        await send_all(
-            self.ctx.kube.merge_patch(
-                namespaced(self.namespace, "pods", pod),
-                {"metadata": {"annotations": annotation}},
-            )
-            for pod in plan.move
-        )
-
-    async def _withdraw(self, name: str) -> None:
-        """Delete a ProvisioningRequest this slice made, and its PodTemplate. One that
-        cannot be deleted is left to GKE (a booking nobody consumes expires) and said in
-        the log: the slice goes on with its new capacity either way."""
-        path = namespaced(self.namespace, PROVISIONING_REQUEST_PLURAL, group=PROVISIONING_GROUP)
-        try:
-            if await self.ctx.kube.delete(f"{path}/{name}"):
-                log.info("withdrew ProvisioningRequest %s/%s", self.namespace, name)
-            await self.ctx.kube.delete(f"{namespaced(self.namespace, 'podtemplates')}/{name}")
-        except ApiError as exc:
-            log.warning(
-                "cannot withdraw ProvisioningRequest %s/%s, left for GKE to expire (the "
-                "operator's role needs delete on provisioningrequests and podtemplates): %s",
-                self.namespace,
-                name,
-                exc,
-            )
-
-    async def _make_request(
-        self, name: str, target: int, node_pool: str | None, mode: CapacityMode
-    ) -> None:
-        """The PodTemplate and ProvisioningRequest of one try (an existing one is kept)."""
-        placement = self.spec.placement
-        failure_policy = self.spec.failure_policy or FailurePolicy()
-        wiring = PodWiring(
-            job_name=self.role.job_name,
-            service=self.spec.service or self.name,
-            slice_name=self.name,
-            shape=self.shape,
-            num_slices=self.spec.num_slices,
-            slice_index=self.spec.slice_index,
-            worker_index=0,
-            attempt=target,
-            ports=ports_of(self.spec),
-            slice_names=self.role.pod_slice_names,
-        )
-        owner = Owner(
-            contract.API_VERSION, contract.SLICE_KIND, self.name, self.body["metadata"]["uid"]
-        )
-        pod = worker_pod(
-            namespace=self.namespace,
-            wiring=wiring,
-            template=(self.body.get("spec") or {}).get("template") or {},
-            owner=owner,
-            placement=NodePlacement(
-                slice_pool=claim_toleration_value(self.ctx, node_pool),
-                extra_selector=dict(placement.node_selector or {}) if placement else {},
-                not_ready_timeout_seconds=failure_policy.node_not_ready_timeout_seconds,
-                capacity=mode,
-            ),
-        )
-        template, request = request_objects(
-            name=name,
-            namespace=self.namespace,
-            pod=pod,
-            count=self.shape.hosts,
-            max_run_duration_seconds=mode.max_run_duration_seconds,
-            owner=owner.reference(),
-        )
-        await self.ctx.kube.create(namespaced(self.namespace, "podtemplates"), template)
-        path = namespaced(self.namespace, PROVISIONING_REQUEST_PLURAL, group=PROVISIONING_GROUP)
-        if await self.ctx.kube.create(path, request):
-            log.info("created ProvisioningRequest %s/%s", self.namespace, name)
-
-    def _event_later(self, kind: str, reason: Reason, message: str) -> None:
-        self.provisioning_events.append((kind, reason, message))
 
     async def _delete_stale(self, state: GangState) -> None:
         """Delete the pods of earlier attempts (not those the job carries in place,
@@ -570,86 +381,6 @@ class SliceRun:
         if len(missing) < len(state.to_create):
             self._after(expected.ttl)  # in case the cache never shows them
         return missing
-
-    async def _dynamic_slice(
-        self, target: int, release: bool, forming: bool
-    ) -> dynamic_slice.DynamicPlan:
-        """Ironwood dynamic slicing: this slice's GKE Slices read (and every Slice, when
-        the attempt's is to be formed) and decided (``policies/dynamic_slice.py``). What
-        the plan forms or deletes is done after the status is written
-        (``_act_on_dynamic_slices``)."""
-        kube = self.ctx.kube
-        key = (self.namespace, self.name)
-        given = self.spec.gke_slice
-        facts = dynamic_slice.DynamicFacts(
-            name=given or dynamic.slice_name(self.namespace, self.name, target),
-            mine={},
-            release=release,
-            forming=forming,
-            refused=self.ctx.refused_dynamic_slices.pop(key, ""),
-            given=given is not None,
-        )
-        try:
-            if given is not None:  # formed by the admission: read, never formed here
-                found = await kube.get(f"{SLICES_PATH}/{given}")
-                if found is not None and found["metadata"].get("deletionTimestamp"):
-                    found = None  # the last admission's, going: the next is formed anew
-                facts = replace(
-                    facts, mine={} if found is None else {given: dynamic.slice_state(found)}
-                )
-            else:
-                listed = await kube.request(
-                    "GET",
-                    SLICES_PATH,
-                    query={"labelSelector": dynamic.owner_selector(self.namespace, self.name)},
-                )
-                items = (listed or {}).get("items", [])
-                mine = {item["metadata"]["name"]: dynamic.slice_state(item) for item in items}
-                facts = replace(facts, mine=mine)
-            if dynamic_slice.needs_choice(facts):
-                everyone = await kube.request("GET", SLICES_PATH)
-                nodes = self.ctx.caches.tpu_nodes()
-                taken = dynamic.taken_partitions((everyone or {}).get("items", []))
-                choice = dynamic.choose(
-                    self.shape,
-                    node_partitions(self.ctx, dynamic.level(self.shape)),
-                    dynamic.busy_nodes(nodes, taken),
-                )
-                facts = replace(facts, choice=choice)
-        except ApiError as exc:
-            facts = replace(facts, mine={}, unread=exc.message or str(exc))
-        plan = dynamic_slice.decide(facts)
-        if plan.recheck is not None:
-            self._after(plan.recheck)
-        return plan
-
-    async def _act_on_dynamic_slices(self, plan: dynamic_slice.DynamicPlan, target: int) -> None:
-        """Delete and form the GKE Slices the committed plan says. What the apiserver
-        refuses is said by the slice's next status (and tried again)."""
-        if not plan.delete and plan.form is None:
-            if plan.refused:
-                self._after(MIN_REQUEUE_SECONDS)  # the next status says what is true now
-            return
-        kube = self.ctx.kube
-        try:
-            for name in plan.delete:
-                await kube.delete(f"{SLICES_PATH}/{name}")
-            if plan.form is not None:
-                name = dynamic.slice_name(self.namespace, self.name, target)
-                body = dynamic.slice_body(name, self.shape, plan.form, self.namespace, self.name)
-                await kube.create(SLICES_PATH, body)
-        except ApiError as exc:
-            said = exc.message or str(exc)
-            log.warning(
-                "cannot form or delete a GKE Slice of %s/%s: %s", self.namespace, self.name, said
-            )
-            self.ctx.refused_dynamic_slices[(self.namespace, self.name)] = said
-            self._after(dynamic_slice.RECHECK_SECONDS)
-            if said != plan.refused:
-                self._after(MIN_REQUEUE_SECONDS)  # the next status says it
-            return
-        if plan.refused:
-            self._after(MIN_REQUEUE_SECONDS)
 
     async def _create_pods(
         self,
@@ -811,11 +542,11 @@ class SliceRun:
         status.active_pods, status.terminating_pods = stopping_count(pods)
         released = stopping and not self.role.reports_pool_when_stopping
         status.node_pool = None if released else node_pool
-        if self.provisioning is not None:
-            request, tries, words = self.provisioning
+        if self.capacity.provisioning is not None:
+            request, tries, words = self.capacity.provisioning
             status.provisioning_request, status.provisioning_tries = request, tries
             status.provisioning_state = words
-        elif status.attempt != old.attempt or self.withdrawn:
+        elif status.attempt != old.attempt or self.capacity.withdrawn:
             status.provisioning_request, status.provisioning_tries = None, 0
             status.provisioning_state = ""
         if target and not stopping and not state.to_create and state.outcome != "Creating":
@@ -850,8 +581,8 @@ class SliceRun:
         if phase in TERMINAL_PHASES and status.completion_time is None:
             status.completion_time = stamp(self.now)
         provisioning = ""
-        if self.provisioning is not None:
-            request, _, words = self.provisioning
+        if self.capacity.provisioning is not None:
+            request, _, words = self.capacity.provisioning
             provisioning = f"ProvisioningRequest {request}: {words}"
         message = slice_phase.said(phase, message, self.role.service_conflict(), provisioning)
         status.phase = phase
@@ -888,7 +619,7 @@ class SliceRun:
         phase = new["phase"]
         ref = slice_ref(self.body)
         message = new.get("message", "")
-        for kind, reason, words in self.provisioning_events:
+        for kind, reason, words in self.capacity.events:
             self.ctx.events.emit(ref, kind, reason, words)
         conflict = self.role.service_conflict()
         if conflict and conflict in message and conflict not in self.status.message:
