@@ -58,53 +58,63 @@ class Told:
             cluster.advance(arg)
         cluster.settle()
 
-    def seen(self) -> tuple[int, str, int, int]:
-        """(attempt, phase, restarts, pods still running and not being deleted)."""
+    def seen(self) -> tuple[int, str, int, int, str]:
+        """(attempt, phase, restarts, pods still running and not being deleted, the
+        Suspended condition)."""
         status = self.body["status"]
+        suspended = next(
+            (c["status"] for c in status.get("conditions", []) if c["type"] == "Suspended"), ""
+        )
         running = [
             p
             for p in self.cluster.pods().values()
             if p["status"]["phase"] in ("Pending", "Running")
             and not p["metadata"].get("deletionTimestamp")
         ]
-        return status.get("attempt", 0), status["phase"], status.get("restarts", 0), len(running)
+        return (
+            status.get("attempt", 0),
+            status["phase"],
+            status.get("restarts", 0),
+            len(running),
+            suspended,
+        )
 
 
-STORIES: list[tuple[str, dict[str, Any], list[Step], list[tuple[int, str, int, int]]]] = [
+STORIES: list[tuple[str, dict[str, Any], list[Step], list[tuple[int, str, int, int, str]]]] = [
     (
         "created-suspended-then-resumed",
         {"suspend": True},
         [("suspend", False), ("run", None)],
-        [(1, "Starting", 0, 2), (1, "Running", 0, 2)],
+        [(1, "Starting", 0, 2, "False"), (1, "Running", 0, 2, "False")],
     ),
     (
         "suspended-and-resumed-is-a-new-attempt-not-a-restart",
         {},
         [("run", None), ("suspend", True), ("confirm", None), ("suspend", False), ("run", None)],
         [
-            (1, "Running", 0, 2),
-            (1, "Suspended", 0, 0),
-            (1, "Suspended", 0, 0),
-            (2, "Starting", 0, 2),
-            (2, "Running", 0, 2),
+            (1, "Running", 0, 2, "False"),
+            (1, "Suspended", 0, 0, "True"),
+            (1, "Suspended", 0, 0, "True"),
+            (2, "Starting", 0, 2, "False"),
+            (2, "Running", 0, 2, "False"),
         ],
     ),
     (
         "failed-for-good-stops-the-worker-still-running",
         {"failurePolicy": {"maxRestarts": 0}},
         [("run", None), ("exit", 1), ("confirm", None)],
-        [(1, "Running", 0, 2), (1, "Failed", 0, 0), (1, "Failed", 0, 0)],
+        [(1, "Running", 0, 2, "False"), (1, "Failed", 0, 0, "False"), (1, "Failed", 0, 0, "False")],
     ),
     (
         "failed-for-good-stays-failed-through-suspend-and-resume",
         {"failurePolicy": {"maxRestarts": 0}},
         [("run", None), ("exit", 1), ("confirm", None), ("suspend", True), ("suspend", False)],
         [
-            (1, "Running", 0, 2),
-            (1, "Failed", 0, 0),
-            (1, "Failed", 0, 0),
-            (1, "Failed", 0, 0),
-            (1, "Failed", 0, 0),
+            (1, "Running", 0, 2, "False"),
+            (1, "Failed", 0, 0, "False"),
+            (1, "Failed", 0, 0, "False"),
+            (1, "Failed", 0, 0, "False"),
+            (1, "Failed", 0, 0, "False"),
         ],
     ),
     (
@@ -112,11 +122,11 @@ STORIES: list[tuple[str, dict[str, Any], list[Step], list[tuple[int, str, int, i
         {"failurePolicy": {"backoffSeconds": 5}},
         [("run", None), ("exit", 1), ("confirm", None), ("wait", 5), ("run", None)],
         [
-            (1, "Running", 0, 2),
-            (2, "Restarting", 1, 0),
-            (2, "Restarting", 1, 0),
-            (2, "Starting", 1, 2),
-            (2, "Running", 1, 2),
+            (1, "Running", 0, 2, "False"),
+            (2, "Restarting", 1, 0, "False"),
+            (2, "Restarting", 1, 0, "False"),
+            (2, "Starting", 1, 2, "False"),
+            (2, "Running", 1, 2, "False"),
         ],
     ),
 ]

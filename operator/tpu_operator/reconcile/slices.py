@@ -592,7 +592,7 @@ class SliceRun:
             phase=phase,
             message=message,
             refused=self.create_reason,
-            suspend=spec.suspend,
+            suspend=spec.suspend and not finished,  # a finished slice is not suspended
             active_pods=status.active_pods,
             terminating_pods=status.terminating_pods,
             now=self.now,
