@@ -338,20 +338,23 @@ def test_invalid_pod_template_fails_with_the_apiserver_message(tpu, namespace, r
     assert "image" in failed["message"]
 
 
+def standalone_slice(name: str, namespace: str, command: str, **failure_policy: int) -> dict:
+    """A standalone TPUSlice of 4 hosts (v5litepod-16) whose workers run ``command``."""
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.SLICE_KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "type": "v5litepod-16",
+            "failurePolicy": failure_policy,
+            "template": job_manifest("x", namespace, {}, command)["spec"]["template"],
+        },
+    }
+
+
 def test_standalone_slice_restarts_itself(tpu, namespace, running_operator):
     command = 'if [ "$TPU_OPERATOR_RESTART_ATTEMPT" = 1 ]; then exit 5; fi; sleep 300'
-    tpu.apply(
-        {
-            "apiVersion": contract.API_VERSION,
-            "kind": contract.SLICE_KIND,
-            "metadata": {"name": "serve", "namespace": namespace},
-            "spec": {
-                "type": "v5litepod-16",
-                "failurePolicy": {"backoffSeconds": 0},
-                "template": job_manifest("x", namespace, {}, command)["spec"]["template"],
-            },
-        }
-    )
+    tpu.apply(standalone_slice("serve", namespace, command, backoffSeconds=0))
 
     def running_again() -> dict | None:
         items = tpu.slices(namespace)
@@ -373,18 +376,7 @@ def test_a_standalone_slice_failed_for_good_stops_its_other_workers(
     """As a job that failed for good: the workers that still run are stopped (they would
     hold their TPU VMs for ever), and a resume changes nothing."""
     command = 'if [ "$TPU_OPERATOR_PROCESS_ID" = 0 ]; then sleep 2; exit 3; fi; sleep 300'
-    tpu.apply(
-        {
-            "apiVersion": contract.API_VERSION,
-            "kind": contract.SLICE_KIND,
-            "metadata": {"name": "doomed", "namespace": namespace},
-            "spec": {
-                "type": "v5litepod-16",
-                "failurePolicy": {"maxRestarts": 0},
-                "template": job_manifest("x", namespace, {}, command)["spec"]["template"],
-            },
-        }
-    )
+    tpu.apply(standalone_slice("doomed", namespace, command, maxRestarts=0))
 
     def status() -> dict:
         items = tpu.slices(namespace)
