@@ -143,3 +143,24 @@ def test_a_standalone_slice_is_decided_as_a_job_of_one_slice(spec, steps, expect
         alone.step(step)
         assert (step, job.seen()) == (step, wanted)
         assert (step, alone.seen()) == (step, wanted)
+
+
+@pytest.mark.parametrize("kind", ["job", "slice"])
+def test_the_pool_of_a_job_or_slice_that_failed_for_good_goes_to_the_next_job(kind):
+    """Its worker that still ran is stopped, so the pool it held is free: the next job
+    runs on it at once (a standalone slice's worker used to run on and hold it)."""
+    told = Told(kind, {"failurePolicy": {"maxRestarts": 0}})
+    told.step(("run", None))
+    told.step(("exit", 1))
+    told.step(("confirm", None))
+    cluster = told.cluster
+    cluster.apply_job("next", job_spec("v5p-16"))
+    cluster.settle()
+    held = told.body["status"].get("nodePool") or told.body["status"].get("nodePools")
+    assert not held
+    taken = cluster.job("next")["status"]["nodePools"]
+    assert taken in (["p1"], ["p2"])
+    free = {"p1", "p2"} - set(taken)
+    cluster.apply_job("third", job_spec("v5p-16"))
+    cluster.settle()
+    assert cluster.job("third")["status"]["nodePools"] == sorted(free)
