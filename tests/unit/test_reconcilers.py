@@ -1102,6 +1102,38 @@ def test_a_resumed_job_takes_the_free_pool_gke_created_for_it_first():
         assert any(t.get("value") == ref[5:] for t in pod["spec"]["tolerations"])
 
 
+def test_a_standalone_slice_says_what_a_job_says_of_its_wait_for_a_pool_and_its_resume():
+    cluster = FakeCluster()
+    cluster.apply_slice("s", slice_spec("v5p-16"))
+    cluster.settle()
+    cluster.settle()
+    status = cluster.slice("s")["status"]
+    assert status["phase"] == "Pending"
+    assert "the cluster has no TPU node pools" in status["message"]
+    # Once per wait, not once per look at the pools.
+    assert cluster.recorded.reasons("s", contract.SLICE_KIND) == ["WaitingForNodePools"]
+    cluster.add_pool("p1", *V5P, hosts=2)
+    cluster.settle()
+    cluster.run_pods("s")
+    cluster.settle()
+    cluster.slice("s")["spec"]["suspend"] = True
+    cluster.settle()
+    cluster.confirm_deletions()
+    cluster.settle()
+    cluster.slice("s")["spec"]["suspend"] = False
+    cluster.settle()
+    reasons = cluster.recorded.reasons("s", contract.SLICE_KIND)
+    assert reasons.count("WaitingForNodePools") == 1
+    assert reasons[-1] == "Resumed"
+    resumed = [m for _, _, r, m in cluster.recorded.events if r == "Resumed"]
+    assert resumed == ["resumed as attempt 2"]
+    # A job's slices leave these events to their job.
+    cluster.apply_job("j", job_spec("v5p-16"))
+    cluster.settle()
+    assert "WaitingForNodePools" in cluster.recorded.reasons("j")
+    assert "WaitingForNodePools" not in cluster.recorded.reasons("j-0", contract.SLICE_KIND)
+
+
 def test_a_suspended_standalone_slice_hands_its_pool_over_without_a_restart():
     cluster = FakeCluster()
     cluster.add_pool("p1", *V5P, hosts=2)

@@ -77,6 +77,9 @@ class SliceRole(ABC):
     """The slice is its own job (``policies/slice_phase.py``'s one differing rung)."""
     reports_pool_when_stopping: bool
     """Its status keeps naming its pool while it stops."""
+    posts_job_events: bool
+    """It posts the events a job posts of its own course (resumed, waiting for node
+    pools); a job's slice leaves them to its job."""
 
     def __init__(
         self, ctx: Context, body: dict[str, Any], spec: TPUSliceSpec, shape: SliceShape
@@ -162,6 +165,7 @@ class OwnedSlice(SliceRole):
 
     standalone = False
     reports_pool_when_stopping = True  # the pool its job chose
+    posts_job_events = False
 
     def __init__(
         self,
@@ -229,6 +233,7 @@ class StandaloneSlice(SliceRole):
 
     standalone = True
     reports_pool_when_stopping = False  # a stopped slice no longer holds its pool
+    posts_job_events = True
 
     @property
     def needs_pool(self) -> bool:

@@ -179,6 +179,8 @@ class SliceRun:
         self.create_reason: Reason | None = None
         """Why the last try could not create pods it should have (then retried)."""
         self.after_commit: list[Callable[[], None]] = []
+        self.pool_wait = ""
+        """Why the slice has no node pool yet ("": it has one, or needs none)."""
         self.capacity = SliceCapacity(ctx, body, spec, role, self.status, self._after)
         """Its ProvisioningRequest and GKE Slices (``slice_capacity.py``)."""
 
@@ -217,6 +219,7 @@ class SliceRun:
 
         pool = role.pool(status, stopping)
         node_pool, waiting_for = pool.name, pool.waiting_for
+        self.pool_wait = waiting_for
         if pool.retry_after is not None:
             self._after(pool.retry_after)
 
@@ -621,6 +624,13 @@ class SliceRun:
         message = new.get("message", "")
         for kind, reason, words in self.capacity.events:
             self.ctx.events.emit(ref, kind, reason, words)
+        if self.role.posts_job_events:
+            # As a job says them (``start.wait_for_pools``, ``start.start``).
+            if self.pool_wait and self.pool_wait not in self.status.message:
+                self.ctx.events.emit(ref, "Normal", Reason.WAITING_FOR_NODE_POOLS, self.pool_wait)
+            if previous == Phase.SUSPENDED and new.get("attempt", 0) > self.status.attempt:
+                words = f"resumed as attempt {new['attempt']}"
+                self.ctx.events.emit(ref, "Normal", Reason.RESUMED, words)
         conflict = self.role.service_conflict()
         if conflict and conflict in message and conflict not in self.status.message:
             self.ctx.events.emit(ref, "Warning", Reason.SERVICE_CONFLICT, conflict)
