@@ -1,6 +1,7 @@
 """A standalone TPUSlice is decided as a TPUJob of one slice: the same story, told to each
-through the real reconcilers (``tests/unit/fakeapi.py``), ends in the same attempt, phase,
-restarts and running pods after every step.
+through the operator's reconcilers over the in-memory API of ``tests/unit/fakeapi.py``,
+ends in the same attempt, phase, restarts, running pods and ``Suspended`` condition after
+every step.
 
 Each row is one story: steps on worker 0 of a two-host slice (``v5p-16``), the spec's
 ``suspend``, the kubelets confirming deletions. Both run the job's policies: the resume
