@@ -55,6 +55,14 @@ def running_job(cluster: FakeCluster, name: str = "j", **spec: Any) -> None:
     assert phase(cluster, name) == "Running"
 
 
+def suspend_until_stopped(cluster: FakeCluster, name: str) -> None:
+    """Suspend the standalone slice ``name`` and let the kubelets confirm its pods gone."""
+    cluster.slice(name)["spec"]["suspend"] = True
+    cluster.settle()
+    cluster.confirm_deletions()
+    cluster.settle()
+
+
 # start
 
 
@@ -501,10 +509,7 @@ def test_a_resumed_standalone_slice_writes_its_new_attempt_before_its_pods_exist
     cluster.settle()
     cluster.run_pods("s")
     cluster.settle()
-    cluster.slice("s")["spec"]["suspend"] = True
-    cluster.settle()
-    cluster.confirm_deletions()
-    cluster.settle()
+    suspend_until_stopped(cluster, "s")
     assert not cluster.pods("s")
     cluster.slice("s")["spec"]["suspend"] = False
     cluster.conflict_next_status_write.add("s")
@@ -1116,10 +1121,7 @@ def test_a_standalone_slice_says_what_a_job_says_of_its_wait_for_a_pool_and_its_
     cluster.settle()
     cluster.run_pods("s")
     cluster.settle()
-    cluster.slice("s")["spec"]["suspend"] = True
-    cluster.settle()
-    cluster.confirm_deletions()
-    cluster.settle()
+    suspend_until_stopped(cluster, "s")
     cluster.slice("s")["spec"]["suspend"] = False
     cluster.settle()
     reasons = cluster.recorded.reasons("s", contract.SLICE_KIND)
