@@ -264,8 +264,8 @@ def quiet_grace(nodes: int, renewals_per_second: float = 2.0, floor: float = 120
 
 
 def node_events(cluster: Cluster) -> int:
-    """Events in the ``default`` namespace, where the node lifecycle controller posts one
-    ``RegisteredNode`` per node (counted from one item's page: ``remainingItemCount``)."""
+    """Events in the ``default`` namespace, where the node lifecycle controller posts its
+    ``RegisteredNode`` events (counted from one item's page: ``remainingItemCount``)."""
     listing = cluster.api().get("/api/v1/namespaces/default/events?limit=1")
     items = len(listing.get("items") or [])
     return items + int((listing.get("metadata") or {}).get("remainingItemCount") or 0)
@@ -274,8 +274,8 @@ def node_events(cluster: Cluster) -> int:
 def settle_node_events(
     cluster: Cluster, nodes: int, quiet: float = 15.0, timeout: float = 900.0
 ) -> None:
-    """Wait until the node lifecycle controller has posted its ``RegisteredNode`` events
-    (one per node, or none more for ``quiet`` seconds).
+    """Wait until the node lifecycle controller has stopped posting its ``RegisteredNode``
+    events: one for every node, or none more for ``quiet`` seconds.
 
     It posts them after the nodes registered, about a hundred a second here, and stops
     at about 2,000 however many nodes there are (20 s after 3,072 or 10,240 nodes came
