@@ -80,10 +80,13 @@ def test_the_holder_named_at_each_stage_of_a_jobs_life(stage: str, expected: str
         cluster.confirm_deletions()
         cluster.settle()
         assert cluster.job("a")["status"]["phase"] == Phase.SUSPENDED
+    asked = held(cluster)  # ``in`` first: its own lookup, not the words ``get`` kept
+    assert [p in asked for p in ("p1", "p2")] == [expected is not None, False]
     found = held(cluster)
     assert found.get("p1") == expected
     assert found.get("p2") is None
-    assert held(cluster, exclude="TPUJob ml/a").get("p1") is None, "its own pools are free"
+    own = held(cluster, exclude="TPUJob ml/a")
+    assert "p1" not in own and own.get("p1") is None, "its own pools are free"
     assert list(found) == (["p1"] if expected else [])
 
 
@@ -91,7 +94,9 @@ def test_a_reservation_holds_a_pool_before_any_record():
     cluster = cluster_with_pools("p1")
     cluster.ctx.reservations.reserve("TPUJob ml/b", ["p1"])
     assert held(cluster).get("p1") == "TPUJob ml/b"
+    assert "p1" in held(cluster)
     assert held(cluster, exclude="TPUJob ml/b").get("p1") is None
+    assert "p1" not in held(cluster, exclude="TPUJob ml/b")
 
 
 def test_a_pool_gke_created_for_a_claim_is_held_by_the_claims_holder():
@@ -100,6 +105,7 @@ def test_a_pool_gke_created_for_a_claim_is_held_by_the_claims_holder():
     for name in names:
         cluster.objects[f"/api/v1/nodes/{name}"]["metadata"]["labels"][SLICE_POOL_LABEL] = "v1"
     cluster.ctx.reservations.reserve("TPUJob ml/a", [claim_ref("v1")])
+    assert "gke-made" in held(cluster) and "gke-made" not in held(cluster, "TPUJob ml/a")
     found = held(cluster)
     assert found.get(claim_ref("v1")) == "TPUJob ml/a"
     assert found.get("gke-made") == "TPUJob ml/a", "a claim and its pool are one pool"
@@ -126,6 +132,44 @@ def test_an_allocation_reads_the_pods_of_the_pools_it_looks_at_only():
     allocation = allocate([Request(catalog.shape(*V5P))], tpu_pools(cluster.ctx), found)
     assert allocation.pools == ["p3"]
     assert asked == ["p0", "p1", "p2", "p3"], "p4 and p5 were never looked at"
+
+
+def test_an_allocation_names_the_holders_only_when_the_request_waits():
+    """A choice passes over held pools asking only whether they are held (``in``); the
+    holders are named, their pods counted, for the message of a request that waits."""
+    cluster = cluster_with_pools("p0", "p1", "p2")
+    for name in ("a", "b"):
+        cluster.apply_job(name, job_spec())
+        cluster.settle()
+        cluster.run_pods(name)
+        cluster.settle()
+    named: list[str] = []
+
+    class Counted(HeldPools):
+        def get(self, pool: str, default: Any = None) -> Any:
+            named.append(pool)
+            return super().get(pool, default)
+
+    cluster._index()
+    shape = catalog.shape(*V5P)
+    allocation = allocate(
+        [Request(shape)], tpu_pools(cluster.ctx), Counted(cluster.ctx, "TPUJob ml/c", {})
+    )
+    assert (allocation.pools, named) == (["p2"], [])
+    allocation = allocate(
+        [Request(shape), Request(shape)],
+        tpu_pools(cluster.ctx),
+        Counted(cluster.ctx, "TPUJob ml/c", {}),
+    )
+    assert allocation.pools is None
+    assert named == ["p0", "p1", "p2"], "slice 0 took p2 naming no one"
+    assert allocation.message == (
+        "waiting for a free node pool for slice 1 (tpu-v5p-slice 2x2x2 (2 VMs of 4 chips)): "
+        "p0 is held by TPUJob ml/a (2 of its pods are on it, 0 terminating); "
+        "p1 is held by TPUJob ml/b (2 of its pods are on it, 0 terminating); "
+        "p2 is held by this job"
+        " (placement.provisioning: Auto lets GKE create one: node auto-provisioning, Autopilot)"
+    )
 
 
 def test_records_are_read_for_the_pools_looked_at_only():

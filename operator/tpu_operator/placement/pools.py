@@ -327,11 +327,13 @@ def allocate(
     """Pick a distinct free pool for every request, or explain why not.
 
     ``held`` maps pool name -> holder (``namespace/job``) for pools already taken; it is
-    only looked up pool by pool (``get``), never enumerated, so a holder may compute it
-    lazily. Pinned pools are taken as given: a pinned pool may not exist yet (the cluster
-    autoscaler creates its nodes for the pending pods), but it must not be held, and a
-    pinned pool whose nodes are of another shape or machine type is refused. A request
-    that may provision gets a claim reference when no free pool fits.
+    only looked up pool by pool, never enumerated, so a holder may compute it lazily:
+    ``in`` for the pools a choice passes over, ``get`` (the holder's name) only for the
+    message of a request that waits. Pinned pools are taken as given: a pinned pool may
+    not exist yet (the cluster autoscaler creates its nodes for the pending pods), but it
+    must not be held, and a pinned pool whose nodes are of another shape or machine type
+    is refused. A request that may provision gets a claim reference when no free pool
+    fits.
     """
     chosen: dict[int, str] = {}
     provisioning: list[int] = []
@@ -358,7 +360,6 @@ def allocate(
             chosen[index] = request.pinned
             taken.add(request.pinned)
             continue
-        reasons = []
         candidates = sorted(
             (p for p in pools.values() if _shape_matches(p, request) and not request.fresh),
             key=lambda p: (
@@ -368,20 +369,29 @@ def allocate(
             ),
         )
         for pool in candidates:
-            held_by = held.get(pool.name) or ("this job" if pool.name in taken else None)
-            problem = _unfit(pool, request, held_by)
-            if problem is None:
-                chosen[index] = pool.name
-                taken.add(pool.name)
-                if request.replacing and request.spares.holds(pool):
-                    spare.append(index)
-                break
-            reasons.append(problem)
+            if pool.name in taken or pool.name in held or _unfit(pool, request, None):
+                continue
+            chosen[index] = pool.name
+            taken.add(pool.name)
+            if request.replacing and request.spares.holds(pool):
+                spare.append(index)
+            break
         else:
             if request.provision and request.claim:
                 chosen[index] = claim_ref(request.claim)
                 provisioning.append(index)
                 continue
+            reasons = [
+                problem
+                for pool in candidates
+                if (
+                    problem := _unfit(
+                        pool,
+                        request,
+                        held.get(pool.name) or ("this job" if pool.name in taken else None),
+                    )
+                )
+            ]
             if not pools:
                 why = "the cluster has no TPU node pools"
             elif reasons:

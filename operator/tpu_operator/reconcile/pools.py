@@ -131,6 +131,12 @@ class HeldPools(Mapping[str, str]):
     The rules' order decides which holder is named: the pods on a pool, then the records,
     the pods in flight and the reservations naming it, then (for a pool GKE created for a
     claim) the claim's holder, found by the same rules.
+
+    ``pool in held`` answers whether anyone holds it without the words: an allocation asks
+    it of every pool it passes over (on a shared cluster, each job's choice passes over
+    the pools of the jobs before it), and counting each held pool's pods by holder to
+    name them was the allocation's cost. ``get`` names the holder, for the message of a
+    request that waits.
     """
 
     def __init__(self, ctx: Context, exclude: str, pools: dict[str, PoolView]) -> None:
@@ -141,17 +147,27 @@ class HeldPools(Mapping[str, str]):
         self._reservations = ctx.reservations.by_pool
         self._in_flight = ctx.pods_in_flight
         self._found: dict[str, str | None] = {}
+        """Pool -> its holder in words (``get``)."""
+        self._holds: dict[str, bool] = {}
+        """Pool -> whether anyone holds it (``in``)."""
 
-    def _direct(self, pool: str) -> str | None:
-        """Rules 1-4 for ``pool`` itself (a pool name or a claim reference)."""
+    def _direct(self, pool: str, counted: bool) -> str | None:
+        """Rules 1-4 for ``pool`` itself (a pool name or a claim reference); ``counted``:
+        name the holder with its pods on the pool (else the holder alone)."""
         cached = self._caches.pods_in_pool(pool)
-        on_pool = [p for p in cached if not p.terminal]
-        by_holder = Counter(pod_holder(p) for p in on_pool)
-        by_holder.pop(self._exclude, None)
-        if by_holder:
-            holder, count = by_holder.most_common(1)[0]
-            stopping = sum(1 for p in on_pool if p.deleting and pod_holder(p) == holder)
-            return f"{holder} ({count} of its pods are on it, {stopping} terminating)"
+        exclude = self._exclude
+        if not counted:
+            for pod in cached:
+                if not pod.terminal and (holder := pod_holder(pod)) != exclude:
+                    return holder
+        else:
+            on_pool = [p for p in cached if not p.terminal]
+            by_holder = Counter(pod_holder(p) for p in on_pool)
+            by_holder.pop(exclude, None)
+            if by_holder:
+                holder, count = by_holder.most_common(1)[0]
+                stopping = sum(1 for p in on_pool if p.deleting and pod_holder(p) == holder)
+                return f"{holder} ({count} of its pods are on it, {stopping} terminating)"
         for holder in self._caches.pool_records(pool):
             if holder != self._exclude:
                 return holder
@@ -163,15 +179,27 @@ class HeldPools(Mapping[str, str]):
         reserved = self._reservations.get(pool)
         return reserved if reserved != self._exclude else None
 
+    def _holder(self, pool: str, counted: bool) -> str | None:
+        holder = self._direct(pool, counted)
+        claim = self._claims.get(pool)
+        if holder is None and claim is not None:
+            holder = self._direct(claim_ref(claim), counted)  # a claim and its pool are one
+        return holder
+
     def get(self, pool: str, default: Any = None) -> Any:
         if pool not in self._found:
-            holder = self._direct(pool)
-            claim = self._claims.get(pool)
-            if holder is None and claim is not None:
-                holder = self._direct(claim_ref(claim))  # a claim and its pool are one
-            self._found[pool] = holder
+            self._found[pool] = self._holder(pool, counted=True)
         found = self._found[pool]
         return default if found is None else found
+
+    def __contains__(self, pool: object) -> bool:
+        if not isinstance(pool, str):
+            return False
+        if pool in self._found:
+            return self._found[pool] is not None
+        if pool not in self._holds:
+            self._holds[pool] = self._holder(pool, counted=False) is not None
+        return self._holds[pool]
 
     def __getitem__(self, pool: str) -> str:
         found = self.get(pool)
