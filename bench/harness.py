@@ -311,6 +311,7 @@ def bench_cluster(
     namespaces: Sequence[str] = (),
     timeout: float = 300.0,
     component_args: Mapping[str, Sequence[str]] | None = None,
+    pod_addresses: str = "loopback",
 ) -> Iterator[Cluster]:
     """A fresh local cluster with the CRDs installed, stopped (with everything in it) after.
 
@@ -319,6 +320,7 @@ def bench_cluster(
     (``quiet_grace`` sizes it for thousands). ``timeout``: seconds the start may take
     (registering thousands of simulated nodes takes minutes). ``component_args``: extra
     flags per component (``Cluster.start``; ``SCALE_ARGS`` for thousands of nodes).
+    ``pod_addresses``: ``Cluster.start``'s (``routed``: Services get endpoints, as on GKE).
     """
     directory = CLUSTERS / f"bench-{name}"
     nodes = sum(p.vms for p in pools)
@@ -330,6 +332,7 @@ def bench_cluster(
         fresh=True,
         timeout=timeout,
         component_args=component_args,
+        pod_addresses=pod_addresses,
     ) as cluster:
         say(f"cluster up in {cluster.startup_seconds:.1f} s; installing the CRDs")
         install_crds(cluster)

@@ -27,9 +27,11 @@ cluster:
   the headless Service of each job the operator makes (``builders/service.py``): what any
   system whose workers find each other by DNS pays on top of the pods, the Service's
   endpoints kept by the kube-controller-manager while the pods start (JobSet makes one
-  per JobSet too). Here the pods' addresses are loopback ones, which the apiserver
-  refuses in Endpoints and EndpointSlices: the controllers' writes fail and are retried
-  (on GKE they succeed), so this measures their cost only roughly.
+  per JobSet too). With the local cluster's default loopback pod addresses, which the
+  apiserver refuses in Endpoints and EndpointSlices, the controllers' writes fail and
+  are retried (on GKE they succeed), so this measures their cost only roughly;
+  ``--pod-addresses routed`` gives pods addresses the controllers publish, as on GKE
+  (``localcluster/agent/ipam.py``; root with CAP_NET_ADMIN).
 - ``jobset``: JobSet (``jobset.py``, built from its Go module; namespace ``load-js``) gets
   the same jobs as JobSets, POSTed 32 at a time: one replicated Indexed Job per slice, the
   operator's worker pod spec, a node pool per multi-host slice through JobSet's exclusive
@@ -50,6 +52,7 @@ repetition, and written to ``bench/results/load.json`` with each trial's load av
     .venv/bin/python bench/load.py [--jobs 1000] [--reps 1] [--steady 60] [--profile DIR]
         [--tracemalloc DIR | --mallocstats DIR]
         [--variants operator operator-b bare jobset] [--b-source DIR]
+        [--pod-addresses loopback|routed]
 
 The operator runs as its image installs it (``localcluster.images.operator_venv``: the
 ``operator`` extra alone), so its memory is what a cluster would see, not that of the
@@ -830,6 +833,13 @@ def main() -> None:
         metavar="NAME=VALUE",
         help="extra environment of the operator, e.g. MALLOC_ARENA_MAX=2",
     )
+    parser.add_argument(
+        "--pod-addresses",
+        choices=("loopback", "routed"),
+        default="loopback",
+        help="the local cluster's pod IPs: loopback (refused in EndpointSlices) or routed "
+        "(published by the endpoint controllers as on GKE; needs CAP_NET_ADMIN)",
+    )
     args = parser.parse_args()
     if "operator-b" in args.variants and args.b_source is None:
         parser.error("the operator-b variant needs --b-source")
@@ -846,6 +856,7 @@ def main() -> None:
         namespaces=[NAMESPACES[v] for v in args.variants],
         timeout=TIMEOUT,
         component_args=harness.SCALE_ARGS,  # nodes schedulable at once, as scale.py's
+        pod_addresses=args.pod_addresses,
     ) as cluster:
         bench = Bench(
             cluster,
@@ -883,6 +894,7 @@ def main() -> None:
                 "reps": args.reps,
                 "mix": MIX,
                 "steady_s": args.steady,
+                "pod_addresses": args.pod_addresses,
                 "variants": list(bench.variants),
                 "jobset_version": jobset.VERSION,
                 "load_average": os.getloadavg(),

@@ -37,6 +37,7 @@ def _up(args: argparse.Namespace) -> int:
             if args.autoprovisioning
             else None
         ),
+        pod_addresses=args.pod_addresses,
     )
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     if not args.foreground:
@@ -185,6 +186,13 @@ def parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--autoprovisioning-delay", type=float, default=5.0, metavar="SECONDS")
     up.add_argument("--autoprovisioning-idle", type=float, default=60.0, metavar="SECONDS")
+    up.add_argument(
+        "--pod-addresses",
+        choices=("loopback", "routed"),
+        default="loopback",
+        help="pod IPs: loopback 127.B.0.0/16 (Services get no endpoints), or routed "
+        "100.B.0.0/16, made local by a route (needs CAP_NET_ADMIN; EndpointSlices as on GKE)",
+    )
     up.set_defaults(run=_up)
     command("down", "stop the cluster").set_defaults(run=_down)
     command("status", "show components, nodes and pods").set_defaults(run=_status)

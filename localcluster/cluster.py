@@ -207,6 +207,7 @@ class Cluster:
         timeout: float = 120.0,
         component_args: Mapping[str, Sequence[str]] | None = None,
         autoprovisioning: Autoprovisioning | None = None,
+        pod_addresses: str = "loopback",
     ) -> Cluster:
         """Build what is missing, start a cluster in ``directory`` and wait until it is usable.
 
@@ -214,8 +215,11 @@ class Cluster:
         etcd data of an earlier, cleanly stopped run (a crashed run's data is always
         wiped). ``component_args``: extra flags per component name (``kube-apiserver``,
         ...). ``autoprovisioning``: turn on the simulated GKE cluster autoscaler and node
-        auto-provisioner (:mod:`localcluster.agent.provisioner`; off by default). Raises
-        :class:`ClusterError` if a cluster is already running there.
+        auto-provisioner (:mod:`localcluster.agent.provisioner`; off by default).
+        ``pod_addresses``: ``loopback`` (127.B.0.0/16) or ``routed`` (100.B.0.0/16, made
+        local by a route: the endpoint controllers publish them, as on GKE; needs
+        CAP_NET_ADMIN; :mod:`localcluster.agent.ipam`). Raises :class:`ClusterError` if a
+        cluster is already running there.
 
         ``detach``: the cluster outlives this process; :mod:`localcluster.daemon` starts
         and supervises it, and what is returned is attached to it. Otherwise the
@@ -226,6 +230,8 @@ class Cluster:
         if autoprovisioning is not None:
             flag = f"--autoprovisioning={json.dumps(autoprovisioning.to_json())}"
             extra["node-agent"] = [*extra.get("node-agent", []), flag]
+        if pod_addresses != "loopback":
+            extra["node-agent"] = [*extra.get("node-agent", []), f"--pod-addresses={pod_addresses}"]
         layout = Layout(Path(directory or DEFAULT_DIR).absolute())
         pool_list = list(default_pools() if pools is None else pools)
         check_unique(pool_list)

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from localcluster.agent import control
 from localcluster.agent.hosts import HostsFiles
-from localcluster.agent.ipam import Block
+from localcluster.agent.ipam import POD_ADDRESSES, Block
 from localcluster.agent.kube import Kube, list_watch
 from localcluster.agent.nodes import NodeManager
 from localcluster.agent.pods import PodManager
@@ -47,6 +47,9 @@ class AgentConfig:
     write_concurrency: int = 16
     autoprovisioning: Autoprovisioning | None = None
     """The simulated cluster autoscaler and node auto-provisioner (None: off)."""
+    pod_addresses: str = "loopback"
+    """``loopback`` (127.B.0.0/16) or ``routed`` (100.B.0.0/16 made local by a route, so
+    that the endpoint controllers can publish pod IPs: ``ipam``)."""
 
 
 class Agent:
@@ -56,7 +59,7 @@ class Agent:
         self.kube = Kube(
             config.server, pki / "ca.crt", pki / "node-agent.crt", pki / "node-agent.key"
         )
-        self.block = Block.claim()
+        self.block = Block.claim(addresses=config.pod_addresses)
         self.sandbox = Sandbox.detect()
         self.writer = Writer(config.write_concurrency)
         self.hosts = HostsFiles()
@@ -102,7 +105,7 @@ class Agent:
     def status(self) -> dict[str, Any]:
         return {
             "ready": self.ready.is_set(),
-            "block": f"127.{self.block.octet}.0.0/16",
+            "block": self.block.cidr,
             "namespaces": self.sandbox.unshare is not None,
             "pools": [p.to_dict() for p in self.nodes.pools.values()],
             "nodes": self.nodes.summary(),
@@ -173,9 +176,9 @@ class Agent:
                 await self.set_autoprovisioning(self.config.autoprovisioning)
             self.ready.set()
             log.info(
-                "agent ready: %d node(s), pod IPs from 127.%d.0.0/16, namespaces %s",
+                "agent ready: %d node(s), pod IPs from %s, namespaces %s",
                 len(self.nodes.nodes),
-                self.block.octet,
+                self.block.cidr,
                 "on" if self.sandbox.unshare else "OFF",
             )
             await stop.wait()
@@ -224,6 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pools", type=Path, help="pool file (default: <cluster-dir>/pools.yaml)")
     parser.add_argument("--node-monitor-grace-period", type=float, default=20.0)
     parser.add_argument(
+        "--pod-addresses",
+        choices=sorted(POD_ADDRESSES),
+        default="loopback",
+        help="loopback: pod IPs from 127.B.0.0/16 (the apiserver refuses them in "
+        "EndpointSlices); routed: from 100.B.0.0/16, made local by a route (needs "
+        "CAP_NET_ADMIN), published by the endpoint controllers as on GKE",
+    )
+    parser.add_argument(
         "--autoprovisioning",
         help="JSON settings of the simulated cluster autoscaler / NAP (default: off)",
     )
@@ -239,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         server=args.server,
         pools=load_pools(args.pools or layout.pools_file),
         node_monitor_grace_period=args.node_monitor_grace_period,
+        pod_addresses=args.pod_addresses,
         autoprovisioning=(
             Autoprovisioning.from_json(json.loads(args.autoprovisioning))
             if args.autoprovisioning

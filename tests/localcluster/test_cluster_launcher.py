@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from localcluster import Cluster, ClusterError, Pool, controlplane
+from localcluster.agent.ipam import Block, RouteError
 from localcluster.layout import Layout, read_state, recorded_processes
 from localcluster.procs import ProcessRecord
 from localcluster.testing import wait_until
@@ -175,3 +177,75 @@ def test_pool_file_is_honoured_by_cli(directory: Path, tmp_path: Path) -> None:
     finally:
         cluster.stop()
     assert not cluster.layout.agent_socket.exists()
+
+
+def test_routed_pod_addresses_are_published_and_reached_by_name(
+    directory: Path, tmp_path: Path
+) -> None:
+    """``pod_addresses="routed"``: pods get 100.B addresses, which the endpoint controllers
+    publish in the Service's EndpointSlice (loopback ones are refused), and a peer reaches
+    a pod by its DNS name on that address."""
+    try:
+        Block.claim(tmp_path / "locks", addresses="routed").release()
+    except RouteError as error:
+        pytest.skip(f"this machine cannot route a block locally: {error}")
+    serve = (
+        "import socket, time\n"
+        "s = socket.socket(); s.bind((socket.gethostbyname(socket.gethostname()), 8471))\n"
+        "s.listen()\n"
+        "c, _ = s.accept(); c.sendall(b'hello'); time.sleep(600)\n"
+    )
+    ask = (
+        "import socket, time\n"
+        "for _ in range(300):\n"
+        "    try:\n"
+        "        print(socket.create_connection(('w0.w', 8471), 2).recv(5).decode()); break\n"
+        "    except OSError: time.sleep(0.2)\n"
+    )
+
+    def pod(name: str, code: str, restart: str) -> dict[str, object]:
+        container = {"name": "c", "image": "python", "command": [sys.executable, "-c", code]}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": "w"}},
+            "spec": {
+                "hostname": name,
+                "subdomain": "w",
+                "restartPolicy": restart,
+                "containers": [container],
+            },
+        }
+
+    with Cluster.start(directory, pools=TINY, pod_addresses="routed") as cluster:
+        api = cluster.api()
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "w"},
+            "spec": {"clusterIP": "None", "selector": {"app": "w"}},
+        }
+        api.call("POST", "/api/v1/namespaces/default/services", service)
+        api.call("POST", "/api/v1/namespaces/default/pods", pod("w0", serve, "Always"))
+        api.call("POST", "/api/v1/namespaces/default/pods", pod("w1", ask, "Never"))
+
+        def phase(name: str) -> str:
+            return str(api.get(f"/api/v1/namespaces/default/pods/{name}")["status"].get("phase"))
+
+        wait_until(lambda: phase("w1") == "Succeeded", timeout=60, message="w1 to succeed")
+        assert cluster.pod_log("default", "w1", "c").read_text().strip() == "hello"
+        address = api.get("/api/v1/namespaces/default/pods/w0")["status"]["podIP"]
+        assert ipaddress.ip_address(address) in ipaddress.ip_network("100.64.0.0/10")
+
+        def published() -> list[str] | None:
+            slices = api.get(
+                "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
+                "?labelSelector=kubernetes.io%2Fservice-name%3Dw"
+            )["items"]
+            found = [a for s in slices for e in s.get("endpoints") or [] for a in e["addresses"]]
+            return found if address in found else None
+
+        wait_until(published, timeout=30, message="w0's address in the Service's EndpointSlice")
+        warnings = api.get("/api/v1/namespaces/default/events?fieldSelector=type%3DWarning")
+        refused = [e["message"] for e in warnings["items"] if "is invalid" in e["message"]]
+        assert refused == [], "the apiserver refused the endpoint controllers' writes"

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import ipaddress
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +15,9 @@ from typing import Any
 import pytest
 
 from localcluster import binaries
-from localcluster.agent import envvars
+from localcluster.agent import envvars, ipam
 from localcluster.agent.hosts import HostsFiles, write_in_place
-from localcluster.agent.ipam import Block
+from localcluster.agent.ipam import FIRST_BLOCK, Block, RouteError
 from localcluster.agent.kube import KubeError
 from localcluster.agent.status import ContainerStatus, pod_phase, terminated_state
 from localcluster.agent.writer import Writer
@@ -246,6 +249,48 @@ def test_address_blocks_are_exclusive_and_pod_ips_unique(tmp_path: Path) -> None
     third = Block.claim(tmp_path)
     assert third.octet == first.octet, "a released block is free again"
     third.release()
+
+
+def local_routes() -> str:
+    return subprocess.run(
+        ["ip", "route", "show", "table", "local"], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def test_routed_blocks_are_local_while_claimed_and_outside_loopback(tmp_path: Path) -> None:
+    """``--pod-addresses routed``: a 100.B.0.0/16 block made local by a route, which an
+    EndpointSlice may hold (the apiserver refuses loopback addresses there)."""
+    try:
+        block = Block.claim(tmp_path, addresses="routed")
+    except RouteError as error:
+        pytest.skip(f"this machine cannot route a block locally: {error}")
+    try:
+        address = block.allocate()
+        assert address.startswith(f"100.{block.octet}.") and block.contains(address)
+        assert not ipaddress.ip_address(address).is_loopback
+        assert ipaddress.ip_address(address) in ipaddress.ip_network("100.64.0.0/10")
+        assert f"local {block.cidr} dev lo" in local_routes()
+        with socket.socket() as server:
+            server.bind((address, 0))  # a pod's process binds its own address
+            server.listen()
+            with socket.create_connection(server.getsockname(), timeout=5):
+                pass
+        loopback = Block.claim(tmp_path)
+        assert loopback.octet == block.octet, "the two kinds of block do not share locks"
+        loopback.release()
+    finally:
+        block.release()
+    assert f"local {block.cidr} dev lo" not in local_routes(), "the route goes with the block"
+
+
+def test_a_routed_block_that_cannot_be_routed_says_what_it_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ipam.shutil, "which", lambda _: None)
+    with pytest.raises(RouteError, match=r"iproute2's ip .* --pod-addresses loopback"):
+        Block.claim(tmp_path, addresses="routed")
+    with open(tmp_path / f"100.{FIRST_BLOCK}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the failed claim let go of it
 
 
 def test_writer_coalesces_and_orders_writes_per_key() -> None:
