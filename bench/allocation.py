@@ -51,13 +51,14 @@ def filled(jobs: int, hosts: int) -> Caches:
     pods = Store(pod_keys)
     for i in range(jobs):
         name = f"j{i}"
+        slice_name = contract.slice_name(name, 0)
         for worker in range(hosts):
             pod = PodView(
-                name=f"{contract.slice_name(name, 0)}-{worker}",
+                name=contract.pod_name(slice_name, worker),
                 namespace=NAMESPACE,
                 uid=f"pod-{i}-{worker}",
                 job_name=name,
-                slice_name=contract.slice_name(name, 0),
+                slice_name=slice_name,
                 slice_index=0,
                 worker_index=worker,
                 attempt=0,
