@@ -127,6 +127,25 @@ def test_a_window_that_holds_the_first_step_names_no_straggler():
     assert track.stragglers(3.5) == []
 
 
+def test_a_window_without_a_completed_step_keeps_the_workers_last_pace():
+    """A straggler whose step outlasts the sampling interval shows no step in some windows:
+    it keeps its last figures there, and stays the slowest (until its process changes)."""
+    track = JobTrack(attempt=1)
+    for worker in range(4):
+        pod = track.worker(f"j-0-{worker}", 0, worker, None)
+        track.observe(pod, sample(0.0, 1))
+        track.observe(pod, sample(10.0, 21, wait=0.4 if worker == 2 else 0.0))
+    slow = track.workers["j-0-2"]
+    first = slow.per_step()
+    assert first is not None and first[1] == pytest.approx(0.02)
+    track.observe(slow, sample(11.0, 21, wait=0.45))  # mid-step: no step completed
+    assert slow.per_step() == first
+    assert [s.pod for s in track.stragglers(3.5)] == ["j-0-2"]
+    track.observe(slow, sample(12.0, 21, wait=0.45, start=99.0))  # a new process
+    track.observe(slow, sample(13.0, 21, wait=0.45, start=99.0))
+    assert slow.per_step() is None, "another process's figures are not kept"
+
+
 def test_robust_scores_handle_zero_mad():
     assert robust_scores([1.0, 1.0, 1.0, 5.0])[3] == float("inf")
     assert robust_scores([2.0, 2.0, 2.0]) == [0.0, 0.0, 0.0]

@@ -36,6 +36,9 @@ class WorkerTrack:
     worker: int
     node: str | None
     samples: deque[WorkerSample] = field(default_factory=lambda: deque(maxlen=2))
+    pace: tuple[WorkerSample, tuple[float, float]] | None = None
+    """The reading that last completed a step in its window, and the figures it gave
+    (``per_step``)."""
 
     @property
     def latest(self) -> WorkerSample | None:
@@ -60,7 +63,12 @@ class WorkerTrack:
     def per_step(self) -> tuple[float, float] | None:
         """(step seconds, data-wait seconds) per step over the window; None for a window
         that holds the process's first step (its compilation and its wait for peers say
-        nothing of its pace: a worker that compiled slower would read as a straggler)."""
+        nothing of its pace: a worker that compiled slower would read as a straggler).
+
+        A window in which no step completed (a step longer than the sampling interval:
+        the straggler's, most often) gives the figures of this process's last window
+        that had one: without them the slowest worker dropped out of ``slowestWorkers``
+        and the straggler comparison in every such round."""
         pair = self.window()
         if pair is None:
             return None
@@ -69,13 +77,16 @@ class WorkerTrack:
             return None
         steps = later.steps_total - earlier.steps_total
         if steps < 1:
+            if self.pace is not None and later.same_process(self.pace[0]):
+                return self.pace[1]
             return None
         count = later.step_seconds_count - earlier.step_seconds_count
         step_seconds = (
             (later.step_seconds_sum - earlier.step_seconds_sum) / count if count > 0 else 0.0
         )
         wait = later.phases.get("data_wait", 0.0) - earlier.phases.get("data_wait", 0.0)
-        return step_seconds, wait / steps
+        self.pace = (later, (step_seconds, wait / steps))
+        return self.pace[1]
 
 
 @dataclass(frozen=True)

@@ -69,8 +69,8 @@ DEFAULT_INTERVAL = 1.0
 MAX_SHARED_INTERVAL = 10.0
 """Longest a slice's counters wait for its job's sake, whatever the size of its job."""
 BUSY_WRITES = 20.0
-"""Objects writing their status per second, across every object, above which their
-counters-only writes are spaced further (``StatusPacer.spaced``)."""
+"""Counters-only writes per second that all objects together come to while more than
+this many objects are writing (``StatusPacer.spaced``)."""
 MAX_BUSY_INTERVAL = 30.0
 """Longest any object's counters wait (``kubectl get`` is never more stale than this)."""
 PER_POD = 0.0001
