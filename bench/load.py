@@ -84,6 +84,7 @@ from pod_creation import BareProcess
 from scale import Components, PodCounts
 
 from localcluster import Cluster
+from localcluster.agent.ipam import POD_ADDRESSES
 from localcluster.agent.kube import Kube
 from tpu_operator import catalog, contract
 from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
@@ -835,7 +836,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--pod-addresses",
-        choices=("loopback", "routed"),
+        choices=sorted(POD_ADDRESSES),
         default="loopback",
         help="the local cluster's pod IPs: loopback (refused in EndpointSlices) or routed "
         "(published by the endpoint controllers as on GKE; needs CAP_NET_ADMIN)",

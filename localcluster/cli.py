@@ -19,6 +19,7 @@ from pathlib import Path
 
 from localcluster import binaries
 from localcluster.agent.client import AgentError
+from localcluster.agent.ipam import POD_ADDRESSES
 from localcluster.agent.provisioner import Autoprovisioning
 from localcluster.cluster import COMPONENTS, DEFAULT_DIR, Cluster, ClusterError
 from localcluster.pools import PoolError, load_pools
@@ -188,7 +189,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--autoprovisioning-idle", type=float, default=60.0, metavar="SECONDS")
     up.add_argument(
         "--pod-addresses",
-        choices=("loopback", "routed"),
+        choices=sorted(POD_ADDRESSES),
         default="loopback",
         help="pod IPs: loopback 127.B.0.0/16 (Services get no endpoints), or routed "
         "100.B.0.0/16, made local by a route (needs CAP_NET_ADMIN; EndpointSlices as on GKE)",

@@ -50,7 +50,6 @@ class Block:
 
     def __init__(self, octet: int, handle: IO[str], first: int = 127) -> None:
         self.octet = octet
-        self.first = first
         self.prefix = f"{first}.{octet}."
         self._handle = handle
         self._pods_used: set[str] = set()

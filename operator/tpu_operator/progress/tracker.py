@@ -37,8 +37,8 @@ class WorkerTrack:
     node: str | None
     samples: deque[WorkerSample] = field(default_factory=lambda: deque(maxlen=2))
     pace: tuple[WorkerSample, tuple[float, float]] | None = None
-    """The reading that last completed a step in its window, and the figures it gave
-    (``per_step``)."""
+    """The latest reading whose window completed a step (not the process's first), and
+    the figures of that window (``add``, ``per_step``)."""
 
     @property
     def latest(self) -> WorkerSample | None:
@@ -60,6 +60,24 @@ class WorkerTrack:
         earlier, later = pair
         return (getattr(later, name) - getattr(earlier, name)) / (later.at - earlier.at)
 
+    def add(self, sample: WorkerSample) -> None:
+        """Take a new reading; if its window completed a step (not the process's first),
+        it becomes the worker's ``pace``."""
+        self.samples.append(sample)
+        pair = self.window()
+        if pair is None:
+            return
+        earlier, later = pair
+        steps = later.steps_total - earlier.steps_total
+        if earlier.steps_total < 1 or steps < 1:
+            return
+        count = later.step_seconds_count - earlier.step_seconds_count
+        step_seconds = (
+            (later.step_seconds_sum - earlier.step_seconds_sum) / count if count > 0 else 0.0
+        )
+        wait = later.phases.get("data_wait", 0.0) - earlier.phases.get("data_wait", 0.0)
+        self.pace = (later, (step_seconds, wait / steps))
+
     def per_step(self) -> tuple[float, float] | None:
         """(step seconds, data-wait seconds) per step over the window; None for a window
         that holds the process's first step (its compilation and its wait for peers say
@@ -70,22 +88,8 @@ class WorkerTrack:
         that had one: without them the slowest worker dropped out of ``slowestWorkers``
         and the straggler comparison in every such round."""
         pair = self.window()
-        if pair is None:
+        if pair is None or self.pace is None or not pair[1].same_process(self.pace[0]):
             return None
-        earlier, later = pair
-        if earlier.steps_total < 1:
-            return None
-        steps = later.steps_total - earlier.steps_total
-        if steps < 1:
-            if self.pace is not None and later.same_process(self.pace[0]):
-                return self.pace[1]
-            return None
-        count = later.step_seconds_count - earlier.step_seconds_count
-        step_seconds = (
-            (later.step_seconds_sum - earlier.step_seconds_sum) / count if count > 0 else 0.0
-        )
-        wait = later.phases.get("data_wait", 0.0) - earlier.phases.get("data_wait", 0.0)
-        self.pace = (later, (step_seconds, wait / steps))
         return self.pace[1]
 
 
@@ -145,7 +149,7 @@ class JobTrack:
     def observe(self, track: WorkerTrack, sample: WorkerSample) -> None:
         if sample.finished and track.latest is not None and track.latest.finished:
             return  # training is over: keep the window that ends at its last reading
-        track.samples.append(sample)
+        track.add(sample)
         if track.worker != 0 or sample.step is None:
             return
         self.last_leader_read = sample.at
