@@ -44,6 +44,8 @@ NODE_LABEL_TOPOLOGY_BLOCK: Final = "cloud.google.com/gce-topology-block"
 NODE_LABEL_NODEPOOL: Final = "cloud.google.com/gke-nodepool"
 NODE_LABEL_SPOT: Final = "cloud.google.com/gke-spot"
 NODE_LABEL_RESERVATION: Final = "cloud.google.com/reservation-name"
+NODE_LABEL_HOSTNAME: Final = "kubernetes.io/hostname"
+"""Kubernetes' own node label: one node's name, never a pool's (``views.pool_labels``)."""
 NODE_LABEL_SLICE_POOL: Final = PREFIX + "slice-pool"
 """Node label (and taint key) of a node pool GKE created for one slice
 (``placement/provisioning.py``)."""

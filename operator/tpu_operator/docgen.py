@@ -461,6 +461,11 @@ _NODE_FACTS: dict[str, tuple[str, str]] = {
         "nodes (GKE), pod node selectors",
         "Node pool of the node; multi-host slices' pods select their pool by it.",
     ),
+    "NODE_LABEL_HOSTNAME": (
+        "nodes (Kubernetes), Kueue topology levels",
+        "The node's name: the one label no spare selector matches on (a pool's labels are "
+        "those all its nodes carry), and Kueue's per-node topology level.",
+    ),
     "NODE_LABEL_SPOT": (
         "nodes (GKE), pod node selectors and affinity",
         "`true` on Spot VMs (`placement.spot`).",

@@ -102,7 +102,8 @@ class PoolSelector(ApiModel):
     }
     match_labels: dict[str, LabelValue] = Field(min_length=1, max_length=16)
     """Node labels (key: value) every node of a spare pool carries, e.g. a label set on
-    the node pool in GKE (gcloud container node-pools create --node-labels)."""
+    the node pool in GKE (gcloud container node-pools create --node-labels);
+    kubernetes.io/hostname, one node's name, is no pool's label and matches no pool."""
 
 
 class SparePools(ApiModel):

@@ -334,7 +334,7 @@ class QueueState:
 MISSING = QueueState("Missing", "WorkloadMissing", "creating the job's Workload")
 
 
-HOSTNAME_LEVEL = "kubernetes.io/hostname"
+HOSTNAME_LEVEL = contract.NODE_LABEL_HOSTNAME
 
 
 def node_pools_of(

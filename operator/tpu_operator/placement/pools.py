@@ -91,6 +91,9 @@ class PoolView:
 
 def pools_from_nodes(nodes: Iterable[NodeView]) -> dict[str, PoolView]:
     pools: dict[str, PoolView] = {}
+    # Per pool, the labels of the last node compared: the nodes of a pool usually share
+    # one labels object (``views.pool_labels``), and comparing it again changes nothing.
+    seen: dict[str, Mapping[str, str]] = {}
     for node in nodes:
         if not node.pool or not node.accelerator:
             continue
@@ -104,8 +107,10 @@ def pools_from_nodes(nodes: Iterable[NodeView]) -> dict[str, PoolView]:
                 reservation=node.reservation,
                 labels=dict(node.labels),
             )
-        elif pool.labels:
+            seen[node.pool] = node.labels
+        elif pool.labels and node.labels is not seen[node.pool]:
             pool.labels = {k: v for k, v in pool.labels.items() if node.labels.get(k) == v}
+            seen[node.pool] = node.labels
         pool.nodes += 1
         pool.ready += int(node.ready and not node.unschedulable)
         chips = chips_of_node(node)

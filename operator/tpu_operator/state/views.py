@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -393,7 +394,8 @@ class NodeView:
     disruption_notice: str | None = None
     """What GKE announces is about to disrupt the node (``maintenance_notice``), if any."""
     labels: Mapping[str, str] = field(default_factory=dict)
-    """The node's labels (spare node pools are selected by them)."""
+    """The node's labels but its hostname (spare node pools are selected by them; shared
+    by every node with the same ones: ``pool_labels``)."""
     partitions: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """Ironwood dynamic slicing: partition shape (4x4x4, 2x2x2, ...) -> (id, state), from
     the ``cloud.google.com/gke-tpu-partition-<shape>-id`` and ``-state`` labels."""
@@ -432,6 +434,36 @@ NO_NODE_STATUS = NodeStatus()
 NO_NODE_SPEC = NodeSpec()
 
 
+class _Labels(dict[str, str]):
+    """A plain dict that can be weakly referenced (``_POOL_LABELS`` keeps them so)."""
+
+    __slots__ = ("__weakref__",)
+
+
+_POOL_LABELS: weakref.WeakValueDictionary[frozenset[tuple[str, str]], _Labels] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def pool_labels(labels: Mapping[str, str]) -> Mapping[str, str]:
+    """A node's labels but its hostname (``kubernetes.io/hostname``, one node's by
+    definition, never a pool's), as one shared dict for every node that has the same ones.
+
+    The nodes of a pool carry the same labels, and each node's view held its own copy of
+    every key and value: about 1.5 KB per node, 15 MiB of the operator's 10,240-node
+    caches. A dict shared this way is dropped once no view holds it. Callers must not
+    change it."""
+    items = frozenset(
+        (_shared(key), _shared(value))
+        for key, value in labels.items()
+        if key != contract.NODE_LABEL_HOSTNAME
+    )
+    shared = _POOL_LABELS.get(items)
+    if shared is None:
+        shared = _POOL_LABELS[items] = _Labels(items)
+    return shared
+
+
 def node_view(body: NodeDocument | Mapping[str, Any]) -> NodeView:
     """The view of a TPU node (``body`` as ``pod_view`` takes it)."""
     node = body if isinstance(body, NodeDocument) else to_document(body, NodeDocument)
@@ -456,7 +488,7 @@ def node_view(body: NodeDocument | Mapping[str, Any]) -> NodeView:
         disruption_notice=maintenance_notice(labels, spec.taints or []),
         partitions=partition_labels(labels),
         terminates_at=termination_time(meta.annotations),
-        labels=labels,
+        labels=pool_labels(labels),
     )
 
 
