@@ -69,10 +69,17 @@ class Reservations:
     """
 
     by_pool: dict[str, str] = field(default_factory=dict)
+    by_holder: dict[str, set[str]] = field(default_factory=dict)
+    """The same reservations by holder, so a holder's commit touches only its own pools
+    (a scan of ``by_pool`` per commit grew with the cluster's reserved pools)."""
 
     def reserve(self, holder: str, pools: list[str]) -> None:
         for pool in pools:
+            previous = self.by_pool.get(pool)
+            if previous is not None and previous != holder:
+                self._forget(previous, pool)
             self.by_pool[pool] = holder
+            self.by_holder.setdefault(holder, set()).add(pool)
 
     def hold(self, holder: str, pools: list[str]) -> None:
         """The holder's committed status records ``pools``: its reservations become those."""
@@ -80,8 +87,15 @@ class Reservations:
         self.reserve(holder, pools)
 
     def release(self, holder: str) -> None:
-        for pool in [p for p, h in self.by_pool.items() if h == holder]:
+        for pool in self.by_holder.pop(holder, ()):
             del self.by_pool[pool]
+
+    def _forget(self, holder: str, pool: str) -> None:
+        pools = self.by_holder.get(holder)
+        if pools is not None:
+            pools.discard(pool)
+            if not pools:
+                del self.by_holder[holder]
 
 
 @dataclass
