@@ -332,7 +332,7 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
     total, count = bench.total_pods, len(bench.plans)
     try:
         harness.reset_peak(operator.pid)
-        cpu, requests = operator.cpu(), requests_of(operator)
+        cpu, requests, work = operator.cpu(), requests_of(operator), work_of(operator)
         components, served = Components(bench.cluster), await apiserver_requests(bench)
         sampler = CpuSampler(operator.pid)
         profiler = await harness.profile(
@@ -366,6 +366,7 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
         result["cpu"] = operator.cpu() - cpu
         result["cpu_peak_share"] = max(shares, default=None)
         result["requests"] = harness.deltas(requests_of(operator), requests)
+        result["work"] = harness.deltas(work_of(operator), work)
         result["peak_mb"] = harness.memory_mb(operator.pid)["peak"]
         say(f"{variant}: all Running after {result['running']:.1f} s; steady window")
         await asyncio.sleep(10)  # paced status writes of the last jobs
@@ -389,15 +390,28 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
     return result
 
 
-def requests_of(operator: harness.Operator, tries: int = 5) -> dict[str, float]:
-    """The operator's API requests so far, asked again when its metrics answer late (a
-    loaded machine: the read has a 5 s timeout)."""
+def requests_of(operator: harness.Operator) -> dict[str, float]:
+    """The operator's API requests so far, by verb."""
+    return harness.api_requests(read_metrics(operator))
+
+
+def work_of(operator: harness.Operator) -> dict[str, float]:
+    """The operator's reconciles by kind, and its watch events by kind (``events.pods``),
+    so far."""
+    text = read_metrics(operator)
+    events = harness.watch_events(text)
+    return {**harness.reconciles(text), **{f"events.{k}": v for k, v in events.items()}}
+
+
+def read_metrics(operator: harness.Operator, tries: int = 5) -> str:
+    """The operator's metrics, asked again when they answer late (a loaded machine: the
+    read has a 5 s timeout)."""
     for _ in range(tries - 1):
         try:
-            return operator.requests()
+            return operator.metrics()
         except OSError:
             time.sleep(1)
-    return operator.requests()
+    return operator.metrics()
 
 
 async def pod_uids(bench: Bench, namespace: str) -> set[str]:
@@ -657,6 +671,10 @@ def figures(trials: list[dict[str, Any]], pods: int) -> dict[str, Any]:
             )
             for n in names
         }
+        if all("work" in t for t in runs):
+            out[variant]["work"] = {
+                k: harness.summary([t["work"][k] for t in runs])["median"] for k in runs[0]["work"]
+            }
         for key, get in (
             ("peak_mb", lambda t: t["peak_mb"]),
             ("steady_rss_mb", lambda t: t["steady"]["rss_mb"]),
@@ -691,7 +709,25 @@ def figures(trials: list[dict[str, Any]], pods: int) -> dict[str, Any]:
     return out
 
 
-def report(results: dict[str, Any], jobs: int, pods: int) -> None:
+def work_rows(
+    results: dict[str, Any], variants: list[str], jobs: int, slices: int, pods: int
+) -> list[list[str]]:
+    """Reconciles per job and per slice, watch events per pod and per job or slice."""
+    rows = (
+        ("job reconciles per job", "TPUJob", jobs),
+        ("slice reconciles per slice", "TPUSlice", slices),
+        ("job watch events per job", "events.jobs", jobs),
+        ("slice watch events per slice", "events.slices", slices),
+        ("pod watch events per pod", "events.pods", pods),
+        ("node watch events per pod", "events.nodes", pods),
+    )
+    return [
+        [name, *(f"{results[v]['work'].get(key, 0.0) / count:.2f}" for v in variants)]
+        for name, key, count in rows
+    ]
+
+
+def report(results: dict[str, Any], jobs: int, slices: int, pods: int) -> None:
     s = harness.spread
     variants = [v for v in VARIANTS if v in results]
     rows = [
@@ -759,6 +795,10 @@ def report(results: dict[str, Any], jobs: int, pods: int) -> None:
                 [[k, *(f"{served[v].get(k, 0.0):.0f}" for v in variants)] for k in keys],
             )
         )
+    worked = [v for v in variants if "work" in results[v]]
+    if worked:
+        print("\nThe operator's work until every pod Running (median), per job, slice and pod")
+        print(harness.table(["", *worked], work_rows(results, worked, jobs, slices, pods)))
     if "job_running" in results:
         print(
             harness.table(
@@ -883,7 +923,7 @@ def main() -> None:
             if bench.jobset is not None:
                 bench.jobset.stop()
     results = figures(bench.trials, total)
-    report(results, len(plans), total)
+    report(results, len(plans), sum(p.slices for p in plans), total)
     harness.write_results(
         "load",
         {
