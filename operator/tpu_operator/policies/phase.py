@@ -163,5 +163,5 @@ def goes_on(
         plan.condition(ConditionType.PODS_SCHEDULED, True, Reason.SCHEDULED)
     if phase == Phase.RUNNING and facts.supervised:
         notices.checkpoint_on_notices(facts, plan, world, attempt)
-    plan.account.publish(phase, state.total)
-    stalls.stragglers(facts, plan)
+    turned = stalls.stragglers(facts, plan)
+    plan.account.publish(phase, state.total, fresh=turned)

@@ -43,12 +43,16 @@ def stall(facts: JobFacts, plan: Plan) -> WorkerFailure | None:
     return WorkerFailure(Reason.STALLED, message, pod, leader.node if leader else None, None, None)
 
 
-def stragglers(facts: JobFacts, plan: Plan) -> None:
-    """Name the slowest workers, if any stands out (and the job is not stalled, progress)."""
+def stragglers(facts: JobFacts, plan: Plan) -> bool:
+    """Name the slowest workers, if any stands out (and the job is not stalled, progress).
+    True when the ``Straggler`` condition turns (a straggler found or gone): the progress
+    published with it must then be fresh, so that ``progress.slowestWorkers`` agrees with
+    the condition."""
     track = facts.track
     if track is None or track.leader() is None:
-        return
+        return False
     found = track.stragglers(facts.monitoring.straggler_threshold)
+    turned = plan.condition_is(ConditionType.STRAGGLER, True) != bool(found)
     if not found:
         plan.condition(ConditionType.STRAGGLER, False, Reason.NO_STRAGGLER)
     else:
@@ -58,3 +62,4 @@ def stragglers(facts: JobFacts, plan: Plan) -> None:
         plan.condition(ConditionType.STRAGGLER, True, Reason.STRAGGLER, message)
     if not plan.condition_is(ConditionType.STALLED, True):
         plan.condition(ConditionType.STALLED, False, Reason.PROGRESSING)
+    return turned

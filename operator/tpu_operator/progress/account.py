@@ -187,8 +187,9 @@ class Account:
             )
         self._set_goodput(carried, None)
 
-    def publish(self, phase: Phase, total_workers: int) -> None:
-        """Refresh progress (when due) and the goodput account during an attempt."""
+    def publish(self, phase: Phase, total_workers: int, fresh: bool = False) -> None:
+        """Refresh progress (when due, or now if ``fresh``: a condition written with it
+        speaks of the same figures) and the goodput account during an attempt."""
         track, status = self.track, self.status
         if track is None or track.leader() is None:
             if status.goodput is None or phase != Phase.RUNNING:
@@ -196,17 +197,18 @@ class Account:
             return
         carried = report.account_resume(self.carried(), track.resumed_from)
         published = parse(status.progress.sampled_time) if status.progress else None
-        fresh = report.progress(track, total_workers)
+        latest = report.progress(track, total_workers)
         first_step = (
-            status.progress is not None and status.progress.step is None and fresh.step is not None
+            status.progress is not None and status.progress.step is None and latest.step is not None
         )
         due = (
-            published is None
+            fresh
+            or published is None
             or (self.now - published).total_seconds() >= self.publish_interval
             or first_step
         )
         # A finished worker's figures stop moving: nothing new to publish then.
-        due = due and fresh != status.progress
+        due = due and latest != status.progress
         if due or carried != self.carried():
-            status.progress = fresh
+            status.progress = latest
             self._set_goodput(carried, self.waiting())

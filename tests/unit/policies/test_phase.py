@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.policies.world import World, facts, plan_of, reasons
-from tpu_operator.api.status import Phase
+from tests.unit.policies.world import World, at, facts, plan_of, reasons, stamp_at
+from tpu_operator.api.status import ConditionType, Phase
 from tpu_operator.policies import phase
+from tpu_operator.progress.samples import WorkerSample
+from tpu_operator.progress.tracker import JobTrack
 from tpu_operator.state.gang import GangState, Member, SliceCount
 
 pytestmark = pytest.mark.unit
@@ -75,3 +77,66 @@ def test_summaries_count_the_ready_slices():
     phase.summaries(job, plan, state)
     assert plan.status.slices_ready == "1/2"
     assert [s.name for s in plan.status.slices] == ["j-0", "j-1"]
+
+
+def straggling_track(now: float) -> JobTrack:
+    """Four workers of slice 0 read twice, 10 s apart up to ``now``: j-0-2 waits 0.4 s
+    for data per step, the others 0.001 s."""
+    track = JobTrack(attempt=1)
+    for worker in range(4):
+        pod = track.worker(f"j-0-{worker}", 0, worker, f"node-{worker}")
+        for when, steps in ((now - 10, 1), (now, 21)):
+            wait = (0.4 if worker == 2 else 0.001) * (steps - 1)
+            track.observe(pod, worker_sample(at(when).timestamp(), steps, wait))
+    return track
+
+
+def worker_sample(when: float, steps: int, wait: float) -> WorkerSample:
+    return WorkerSample(
+        at=when,
+        steps_total=steps,
+        step=steps,
+        tokens=steps * 100,
+        step_seconds_sum=steps * 0.1,
+        step_seconds_count=steps,
+        start_time=1.0,
+        phases={"data_wait": wait, "step": steps * 0.1},
+    )
+
+
+@pytest.mark.parametrize(
+    ("straggler_before", "published_ago", "slowest"),
+    [
+        # The Straggler condition turns True: the progress written with it is fresh, so
+        # slowestWorkers names the straggler the condition names.
+        (False, 5, "j-0-2"),
+        # Already said: the progress waits for its publish interval (30 s) as before.
+        (True, 5, "j-0-0"),
+        (True, 40, "j-0-2"),
+    ],
+)
+def test_a_straggler_found_is_published_with_fresh_progress(
+    straggler_before, published_ago, slowest
+):
+    now = 100.0
+    conditions = [
+        {"type": "Straggler", "status": str(straggler_before), "reason": "Straggler"},
+    ]
+    published = {
+        "step": 5,
+        "sampledTime": stamp_at(now - published_ago),
+        "slowestWorkers": [{"slice": 0, "pod": "j-0-0", "stepSeconds": 0.1}],
+    }
+    recorded = {
+        "attempt": 1,
+        "phase": "Running",
+        "runningSince": stamp_at(0),
+        "conditions": conditions,
+        "progress": published,
+    }
+    job = facts(now, recorded=recorded, track=straggling_track(now))
+    plan = plan_of(job)
+    phase.goes_on(job, plan, World(), gang("Running", ready=2), "Running", 1, False, False)
+    assert plan.condition_is(ConditionType.STRAGGLER, True)
+    assert plan.status.progress is not None
+    assert plan.status.progress.slowest_workers[0].pod == slowest
