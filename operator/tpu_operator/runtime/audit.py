@@ -1,28 +1,25 @@
-"""The watch-gap audit: the watch caches checked against the API after a watch breaks.
+"""The watch-gap audit: the TPUJob and TPUSlice caches checked against the API again.
 
-kopf keeps its indexes from watch events. When a watch breaks (the apiserver restarts,
-the connection resets) kopf watches again from the last resourceVersion; if that is gone
-(410: a restarted apiserver's watch cache starts at the current revision, or etcd
-compacted it), kopf lists the resource again and re-indexes every listed object. It never
-removes the objects that are missing from that new list: an object deleted between the
-break and the new list gets no DELETED event, so its entry stays in the index for good
-(``kopf/_cogs/clients/watching.py``: ``continuous_watch`` yields the list as ``type=None``
-events only; ``kopf/_core/engines/indexing.py`` discards only on DELETED). After an
-apiserver restart during a gang restart that was a job waiting forever for "16 pods of the
-previous attempt" that no longer existed; the periodic resync did not help, since the
-reconcilers read the same caches.
+When a watch breaks (the apiserver restarts, the connection resets) the operator's own
+list-and-watch (``runtime/listwatch.py``) watches again from the last resourceVersion, and
+when that is gone (410: a restarted apiserver's watch cache starts at the current
+revision, or etcd compacted it) lists the resource again and drops the cached objects the
+new list lacks: an object deleted during the gap gets no DELETED event. A stale TPUJob or
+TPUSlice is the costliest kind of stale entry: after an apiserver restart during a gang
+restart it was a job waiting forever for "16 pods of the previous attempt" that no longer
+existed (when kopf still watched these kinds: its re-lists never drop anything), and the
+periodic resync does not help, since the reconcilers read the same caches.
 
-The audit lists the kinds kopf watches (TPUJobs and TPUSlices, metadata only) and drops
-the cached objects whose UID the list does not have, then wakes what depended on them.
-Worker pods and TPU nodes, the operator's own list-and-watch (``runtime/listwatch.py``),
-heal themselves: their re-list drops what it lacks, with a DELETED event each. Listing
-them here too cost a list of every worker pod and TPU node a minute (25,472 objects with
-one 12,736-host job), paid by the operator and the apiserver alike. Which objects are
-stale is decided by ``stale``, a pure function: only objects cached *before* the list was
-requested are judged, since one created after it may be cached but not listed. It runs:
+So the audit checks those two kinds once more: it lists them (metadata only) and drops the
+cached objects whose UID the list does not have, then wakes what depended on them. Worker
+pods and TPU nodes are left to their watches' re-lists: listing them here too cost a list
+of every worker pod and TPU node a minute (25,472 objects with one 12,736-host job), paid
+by the operator and the apiserver alike. Which objects are stale is decided by ``stale``,
+a pure function: only objects cached *before* the list was requested are judged, since
+one created after it may be cached but not listed. It runs:
 
-- shortly after kopf lists a resource again (the ``on.event`` handlers see ``type=None``
-  events: the initial listing at start-up, and every re-list after a watch gap);
+- shortly after a watch of either kind lists it again (``listed``: the initial listing at
+  start-up, and every re-list after a watch gap);
 - shortly after the API answers again following failed requests of the operator's own;
 - every ``period`` seconds (an emptied collection re-lists without any event).
 
@@ -112,8 +109,8 @@ SOURCES = {
     "slices": Source("slices", contract.SLICE_PLURAL, contract.GROUP, contract.VERSION),
     "jobs": Source("jobs", contract.JOB_PLURAL, contract.GROUP, contract.VERSION),
 }
-"""The same objects as kopf's watches (``controllers.operator_settings``): the kinds the
-audit lists."""
+"""The kinds the audit lists: the same objects as the operator's TPUSlice and TPUJob
+watches."""
 
 
 @dataclass
@@ -162,7 +159,7 @@ class CacheAudit:
             self._wanted.set()
 
     def listed(self, kind: str) -> None:
-        """kopf delivered an object of a (re-)listing: a watch of ``kind`` began anew."""
+        """A watch of ``kind`` listed it (again): it began anew."""
         self.soon(f"{kind} listed again")
 
     def api_request(self, record: RequestRecord) -> None:
@@ -233,7 +230,7 @@ class CacheAudit:
         return False
 
     async def audit(self, reason: str = "requested") -> AuditResult:
-        """List the kinds kopf watches; drop the cached objects the API no longer has."""
+        """List the audited kinds; drop the cached objects the API no longer has."""
         started = time.monotonic()
         result = AuditResult(reason)
         for kind in SOURCES:
