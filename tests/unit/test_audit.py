@@ -102,11 +102,16 @@ class Owner:
 
 
 def make_audit(
-    indexes: Indexes, kube: FakeKube, owner: Owner | None = None, namespaces: Iterable[str] = ()
+    indexes: Indexes,
+    kube: FakeKube,
+    owner: Owner | None = None,
+    namespaces: Iterable[str] = (),
+    lag: float = 0.0,
 ) -> tuple[CacheAudit, Caches, Owner]:
     caches = indexes.caches()
     owner = owner or Owner()
-    return CacheAudit(kube, caches, owner, namespaces=list(namespaces)), caches, owner  # type: ignore[arg-type]
+    made = CacheAudit(kube, caches, owner, namespaces=list(namespaces), lag=lag)  # type: ignore[arg-type]
+    return made, caches, owner
 
 
 def test_stale_are_the_cached_objects_the_list_lacks() -> None:
@@ -175,6 +180,29 @@ def test_objects_cached_after_the_list_was_requested_are_kept() -> None:
     assert "slices" not in result.dropped
     names = {s["metadata"]["name"] for s in caches.slices_of_job(NS, "train")}
     assert names == {"train-0", "train-1"}
+
+
+def test_an_object_whose_deleted_event_comes_within_the_lag_is_no_watch_gap() -> None:
+    """While many jobs are deleted at once, a list can lack objects whose DELETED events
+    the watch has yet to deliver: only what is still cached after the lag is dropped (and
+    reported as a watch gap)."""
+    indexes = Indexes()
+    indexes.put("jobs", job("late", "j1"))
+    indexes.put("jobs", job("missed", "j2"))
+    kube = FakeKube({"jobs": set()})
+    auditor, caches, owner = make_audit(indexes, kube, lag=0.2)
+
+    async def scenario() -> audit.AuditResult:
+        running = asyncio.create_task(auditor.audit("test"))
+        await asyncio.sleep(0.05)  # the lists answered; the audit waits for late events
+        assert caches.job(NS, "late") is not None, "nothing dropped before the lag"
+        caches.forget("jobs", (NS, "late", "j1"))  # its DELETED event, late
+        return await running
+
+    result = asyncio.run(scenario())
+    assert result.dropped == {"jobs": [(NS, "missed", "j2")]}
+    assert owner.jobs.keys == [(NS, "missed")]
+    assert caches.job(NS, "missed") is None
 
 
 def test_start_up_asks_whether_any_job_or_slice_exists() -> None:

@@ -50,6 +50,10 @@ SETTLE_SECONDS = 1.0
 restart, and the operator's first successful requests, make one audit."""
 RETRY_SECONDS = 5.0
 """How soon an audit whose lists failed (the API is still away) runs again."""
+LAG_SECONDS = 5.0
+"""How long an object the list lacks may wait for its DELETED event before the audit
+drops it: while hundreds of jobs are deleted at once the watches deliver their events
+seconds after a list already lacks them, and those are no watch gap."""
 
 
 class Queue(Protocol):
@@ -137,12 +141,14 @@ class CacheAudit:
         *,
         namespaces: Collection[str] = (),
         period: float = 60.0,
+        lag: float = LAG_SECONDS,
     ) -> None:
         self.kube = kube
         self.caches = caches
         self.owner = owner
         self.namespaces = list(namespaces)
         self.period = period
+        self.lag = lag
         self.audits = 0
         self.last: AuditResult | None = None
         self._wanted = asyncio.Event()
@@ -230,9 +236,11 @@ class CacheAudit:
         return False
 
     async def audit(self, reason: str = "requested") -> AuditResult:
-        """List the audited kinds; drop the cached objects the API no longer has."""
+        """List the audited kinds; drop the cached objects the API no longer has and whose
+        DELETED event has not come ``lag`` seconds later."""
         started = time.monotonic()
         result = AuditResult(reason)
+        candidates: dict[str, tuple[list[Identity], dict[Identity, Any]]] = {}
         for kind in SOURCES:
             before = self.caches.entries(kind)  # strictly before the list is requested
             source = SOURCES[kind]
@@ -244,6 +252,13 @@ class CacheAudit:
                     listed.add(meta.get("uid", ""))
             scope = self.namespaces if source.namespaced and self.namespaces else None
             gone = stale(before, listed, scope)
+            if gone:
+                candidates[kind] = (gone, before)
+        if candidates and self.lag > 0:
+            await asyncio.sleep(self.lag)
+        for kind, (gone, before) in candidates.items():
+            cached = self.caches.entries(kind)
+            gone = [identity for identity in gone if identity in cached]
             if gone:
                 for identity in gone:
                     self.caches.forget(kind, identity)
