@@ -179,6 +179,11 @@ def watch_events(text: str) -> dict[str, float]:
     return {k: counter_total(text, "tpu_operator_watch_events_total", kind=k) for k in kinds}
 
 
+def event_counters(text: str) -> dict[str, float]:
+    """The operator's watch events so far, keyed ``events.<kind>`` (beside other counters)."""
+    return {f"events.{k}": v for k, v in watch_events(text).items()}
+
+
 def deltas(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {k: after[k] - before.get(k, 0.0) for k in after}
 
@@ -219,7 +224,7 @@ class Operator(OperatorProcess):
     def counters(self) -> dict[str, float]:
         """API requests by verb and watch events by kind, so far."""
         text = self.metrics()
-        return {**api_requests(text), **{f"events.{k}": v for k, v in watch_events(text).items()}}
+        return {**api_requests(text), **event_counters(text)}
 
 
 # Cluster ---------------------------------------------------------------------------------

@@ -406,8 +406,7 @@ def work_of(operator: harness.Operator) -> dict[str, float]:
     """The operator's reconciles by kind, and its watch events by kind (``events.pods``),
     so far."""
     text = read_metrics(operator)
-    events = harness.watch_events(text)
-    return {**harness.reconciles(text), **{f"events.{k}": v for k, v in events.items()}}
+    return {**harness.reconciles(text), **harness.event_counters(text)}
 
 
 def read_metrics(operator: harness.Operator, tries: int = 5) -> str:
