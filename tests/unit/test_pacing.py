@@ -106,6 +106,29 @@ def test_objects_sharing_an_interval_space_their_counter_writes(interval, sharin
     assert pacer.hold("uid", status(200), status(200, phase="Running"), sharing) == 0.0
 
 
+def test_counters_wait_longer_while_many_objects_write():
+    """A thousand jobs starting at once: counters-only writes of all objects together stay
+    near ``busy_writes`` a second; material writes still go out at once."""
+    clock = ManualClock(100.0)
+    pacer = StatusPacer(interval=1.0, clock=clock, busy_writes=20.0)
+    for i in range(19):
+        pacer.wrote(f"o{i}")
+    assert pacer.spaced() == 1.0  # a quiet cluster: each object's own interval
+    for i in range(19, 200):
+        pacer.wrote(f"o{i}")
+    assert (pacer.spaced(), pacer.spaced(sharing=4), pacer.spaced(sharing=199)) == (10, 10, 10)
+    for i in range(200, 1000):
+        pacer.wrote(f"o{i}")
+    assert pacer.spaced() == 30.0  # never more stale than MAX_BUSY_INTERVAL
+    clock.now += 0.5
+    assert pacer.hold("o5", status(200), status(190)) == pytest.approx(29.5)
+    assert pacer.hold("o5", status(200), status(200, phase="Running")) == 0.0
+    assert pacer.hold("new", status(200), status(190)) == 0.0  # its first write
+    clock.now += 30.0  # the burst is over: the objects that wrote in it no longer count
+    assert pacer.spaced() == 1.0
+    assert pacer.hold("o5", status(200), status(190)) == 0.0
+
+
 @pytest.mark.parametrize(
     ("pods", "minimum", "spacing"),
     [

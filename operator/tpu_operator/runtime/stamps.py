@@ -50,3 +50,15 @@ class Stamps(Generic[K]):
 
     def __len__(self) -> int:
         return len(self._at)
+
+    def live(self) -> int:
+        """How many keys were marked in the last ``keep`` seconds (the older ones are
+        dropped now, as a mark would)."""
+        at = self._at
+        cutoff = self._clock() - self.keep
+        while at:
+            oldest = next(iter(at))
+            if at[oldest] >= cutoff:
+                break
+            del at[oldest]
+        return len(at)
