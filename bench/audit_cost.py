@@ -84,7 +84,7 @@ async def measure(kubeconfig: str, apiserver: int, rounds: int) -> dict[str, Any
                     f"{row['apiserver'][-1]:.3f} in the apiserver, {objects} nodes listed"
                 )
     finally:
-        kube.close()
+        await kube.close()
     return {
         variant: {name: statistics.median(values) for name, values in row.items()}
         for variant, row in figures.items()

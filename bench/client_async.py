@@ -7,8 +7,10 @@ measures it: N worker pods (the operator's own ``worker_pod`` for a 256-host v5p
 agent or kubelet work adds noise) are created and then deleted, at the same concurrency
 (32, the operator's default --api-concurrency), by each client in its own process:
 
-- ``kube``: ``tpu_operator.runtime.kube.Kube``, the operator's client: the official client
-  in a 32-thread pool, raw JSON (the baseline, ratio 1.0);
+- ``kube``: ``tpu_operator.runtime.kube.Kube``, the operator's client: aiohttp on the
+  event loop with the official client's configuration, raw JSON (the baseline, ratio 1.0);
+- ``threads-raw``: the official client's request path (``param_serialize``, ``call_api``,
+  urllib3) in a 32-thread pool, raw JSON: the operator's client until 2026-12-07;
 - ``asyncio-raw``: ``kubernetes_asyncio`` (aiohttp, one event loop), raw JSON
   (``_preload_content=False``), 32 requests in flight;
 - ``asyncio-models``: ``kubernetes_asyncio`` returning V1Pod models (its default);
@@ -20,7 +22,7 @@ N deletes: requests per second (wall) and the process's CPU seconds per 1000 req
 (``time.process_time``: all its threads). Variants are interleaved, order rotated, and
 repeated; ratios are per repetition against ``kube``.
 
-    .venv/bin/python bench/client_async.py [--quick] [--pods N] [--reps R]
+    .venv/bin/python bench/client_async.py [--quick] [--pods N] [--reps R] [--variants ...]
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from tpu_operator.builders.wiring import PodWiring
 
 NAMESPACE = "bench-client"
 CONCURRENCY = 32
-VARIANTS = ("kube", "asyncio-raw", "asyncio-models", "threads-models")
+VARIANTS = ("kube", "threads-raw", "asyncio-raw", "asyncio-models", "threads-models")
 WARMUP = 16
 
 
@@ -96,7 +98,10 @@ async def kube_client(kubeconfig: str) -> tuple[Phase, Phase, Callable[[], None]
             *(kube.delete(f"{path}/{p['metadata']['name']}", grace_seconds=0) for p in items)
         )
 
-    return create, delete, kube.close
+    def close() -> None:
+        pass  # the session closes with the loop; the child exits right after
+
+    return create, delete, close
 
 
 async def asyncio_client(kubeconfig: str, raw: bool) -> tuple[Phase, Phase, Callable[[], None]]:
@@ -142,6 +147,48 @@ async def asyncio_client(kubeconfig: str, raw: bool) -> tuple[Phase, Phase, Call
     return create, delete, close
 
 
+async def threads_raw_client(kubeconfig: str) -> tuple[Phase, Phase, Callable[[], None]]:
+    """The official client's request path in 32 threads, raw JSON: the operator's client
+    until 2026-12-07 (``param_serialize`` and ``call_api``, bodies read, not decoded)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import kubernetes
+
+    from tpu_operator.runtime.kube import load_configuration, namespaced
+
+    config = load_configuration(kubeconfig)
+    config.connection_pool_maxsize = CONCURRENCY
+    client = kubernetes.client.ApiClient(config)
+    pool = ThreadPoolExecutor(max_workers=CONCURRENCY)
+    loop = asyncio.get_running_loop()
+    path = namespaced(NAMESPACE, "pods")
+
+    def call(verb: str, url: str, body: Any) -> None:
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        method, full, header_params, payload, _ = client.param_serialize(
+            method=verb, resource_path=url, header_params=headers, body=body,
+            auth_settings=["BearerToken"],
+        )  # fmt: skip
+        client.call_api(method, full, header_params=header_params, body=payload).read()
+
+    async def create(items: list[dict[str, Any]]) -> None:
+        await asyncio.gather(*(loop.run_in_executor(pool, call, "POST", path, p) for p in items))
+
+    options = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
+
+    async def delete(items: list[dict[str, Any]]) -> None:
+        await asyncio.gather(
+            *(
+                loop.run_in_executor(
+                    pool, call, "DELETE", f"{path}/{p['metadata']['name']}", options
+                )
+                for p in items
+            )
+        )
+
+    return create, delete, lambda: pool.shutdown(wait=False)
+
+
 async def threads_client(kubeconfig: str) -> tuple[Phase, Phase, Callable[[], None]]:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -173,6 +220,8 @@ async def threads_client(kubeconfig: str) -> tuple[Phase, Phase, Callable[[], No
 async def child(variant: str, kubeconfig: str, count: int) -> dict[str, float]:
     if variant == "kube":
         create, delete, close = await kube_client(kubeconfig)
+    elif variant == "threads-raw":
+        create, delete, close = await threads_raw_client(kubeconfig)
     elif variant.startswith("asyncio"):
         create, delete, close = await asyncio_client(kubeconfig, raw=variant == "asyncio-raw")
     else:
@@ -205,11 +254,13 @@ def run_child(kubeconfig: Path, variant: str, count: int) -> dict[str, float]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def measure(kubeconfig: Path, count: int, reps: int) -> list[dict[str, Any]]:
+def measure(
+    kubeconfig: Path, count: int, reps: int, variants: tuple[str, ...] = VARIANTS
+) -> list[dict[str, Any]]:
     trials = []
     for rep in range(1, reps + 1):
-        shift = rep % len(VARIANTS)
-        for variant in VARIANTS[shift:] + VARIANTS[:shift]:
+        shift = rep % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
             figures = run_child(kubeconfig, variant, count)
             trials.append({"variant": variant, "rep": rep, **figures})
             say(f"rep {rep} {variant:<15} " + "  ".join(
@@ -222,7 +273,7 @@ def measure(kubeconfig: Path, count: int, reps: int) -> list[dict[str, Any]]:
 def figures(trials: list[dict[str, Any]], count: int) -> dict[str, Any]:
     base = {t["rep"]: t for t in trials if t["variant"] == "kube"}
     out: dict[str, Any] = {}
-    for variant in VARIANTS:
+    for variant in dict.fromkeys(t["variant"] for t in trials):
         mine = {t["rep"]: t for t in trials if t["variant"] == variant}
         entry: dict[str, Any] = {}
         for phase in ("create", "delete"):
@@ -262,6 +313,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 repetitions")
     parser.add_argument("--pods", type=int, default=256)
     parser.add_argument("--reps", type=int, default=8)
+    parser.add_argument(
+        "--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+        help="clients to compare (kube, the baseline, is always one)",
+    )  # fmt: skip
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -271,7 +326,8 @@ def main() -> None:
     reps = 2 if args.quick and args.reps == 8 else args.reps
     pools = [harness.Pool(name="cpu", vms=1)]
     with harness.bench_cluster("client", pools, namespaces=[NAMESPACE]) as cluster:
-        trials = measure(cluster.kubeconfig, args.pods, reps)
+        variants = ("kube", *(v for v in args.variants if v != "kube"))
+        trials = measure(cluster.kubeconfig, args.pods, reps, variants)
     results = figures(trials, args.pods)
     report(results)
     harness.write_results(

@@ -551,7 +551,7 @@ class Runtime:
             await self.events.stop()
         if self.metrics_server is not None:
             await self.metrics_server.stop()
-        self.kube.close()
+        await self.kube.close()
 
     def enqueue_all(self) -> None:
         for job in list(self.caches.jobs()):

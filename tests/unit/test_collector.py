@@ -69,4 +69,4 @@ def test_the_runtime_trims_after_work_and_not_while_idle(tmp_path, monkeypatch):
         task.cancel()
 
     asyncio.run(scenario())
-    runtime.kube.close()
+    asyncio.run(runtime.kube.close())

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 
+import aiohttp
 import pytest
-import urllib3
 
 from tpu_operator.runtime.kube import ApiError, _transport_error
 from tpu_operator.runtime.workqueue import WorkQueue
@@ -42,13 +43,13 @@ def _run_failing_once(error: Exception) -> None:
 def test_a_failed_request_logs_one_line_without_a_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    refused = ApiError("PATCH", "/apis/x/status", 0, "NewConnectionError", "[Errno 111] refused")
+    refused = ApiError("PATCH", "/apis/x/status", 0, "ClientConnectorError", "[Errno 111] refused")
     with caplog.at_level(logging.WARNING, logger="tpu_operator.runtime.workqueue"):
         _run_failing_once(refused)
     [record] = caplog.records
     assert record.levelno == logging.WARNING and record.exc_info is None
     assert record.getMessage() == (
-        "TPUJob ml/train: reconcile failed (PATCH /apis/x/status: 0 NewConnectionError: "
+        "TPUJob ml/train: reconcile failed (PATCH /apis/x/status: 0 ClientConnectorError: "
         "[Errno 111] refused); retrying in 0.0 s"
     )
 
@@ -61,11 +62,14 @@ def test_a_bug_keeps_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_a_refused_connection_is_described_by_its_cause() -> None:
-    cause = urllib3.exceptions.NewConnectionError(
-        None,  # type: ignore[arg-type]
-        "HTTPSConnection(host='127.0.0.1', port=6443): Failed to establish a new "
-        "connection: [Errno 111] Connection refused",
+    refused = ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 6443)")
+    error = aiohttp.ClientConnectorError(None, refused)  # type: ignore[arg-type]
+    assert _transport_error(error, 30) == ("ClientConnectorError", "[Errno 111] Connection refused")
+    unknown = socket.gaierror(-2, "Name or service not known")
+    error = aiohttp.ClientConnectorDNSError(None, unknown)  # type: ignore[arg-type]
+    assert _transport_error(error, 30) == (
+        "ClientConnectorDNSError",
+        "[Errno -2] Name or service not known",
     )
-    error = urllib3.exceptions.MaxRetryError(None, "/api", cause)  # type: ignore[arg-type]
-    assert _transport_error(error) == ("NewConnectionError", "[Errno 111] Connection refused")
-    assert _transport_error(TimeoutError("timed out")) == ("TimeoutError", "timed out")
+    assert _transport_error(TimeoutError(), 30) == ("TimeoutError", "no answer within 30 s")
+    assert _transport_error(TimeoutError("timed out"), 30) == ("TimeoutError", "timed out")

@@ -1,14 +1,20 @@
-"""Async access to the Kubernetes API over the official ``kubernetes`` client.
+"""Async access to the Kubernetes API: aiohttp on the event loop, configured from the
+official ``kubernetes`` client's ``Configuration``.
 
-The official client is synchronous, so each request runs in a dedicated thread pool and
-the event loop never blocks. Requests go through the client's own serialization, auth
-and TLS (``ApiClient.param_serialize`` / ``call_api``) but skip model deserialization:
-responses are parsed as plain JSON (in the worker thread), which is what the operator's
-builders and views work with anyway, and only when the caller reads them: a created,
-patched or deleted object comes back whole (a worker pod with its peer lists, 40 KB at
-1,024 hosts), and the operator reads such objects from its watches instead. A semaphore
-bounds concurrent requests to the pool size, and the urllib3 connection pool is sized to
-match so no request waits for a socket.
+The official client loads the configuration (kubeconfig, exec plugins, the in-cluster
+service account, token refresh); requests go out on one aiohttp session with the same TLS
+context and ``Authorization`` header the watches use (``ssl_context``, ``auth_headers``).
+The official client's own request path ran each request in a thread pool through its
+serialization and urllib3: 2.3x the CPU of aiohttp per create and 1.8x per delete, for no
+more throughput (``bench/client_async.py``, bench/HISTORY.md 2026-12-07), and requests are
+the operator's largest CPU term on a cluster of many jobs.
+
+Responses skip model deserialization: they are decoded as plain JSON, which is what the
+operator's builders and views work with anyway, and only when the caller reads them: a
+created, patched or deleted object comes back whole (a worker pod with its peer lists, 40
+KB at 1,024 hosts), and the operator reads such objects from its watches instead. A
+semaphore bounds concurrent requests, and the session's connection pool is sized to match
+so no request waits for a socket.
 """
 
 from __future__ import annotations
@@ -17,18 +23,18 @@ import asyncio
 import json
 import logging
 import os
-import re
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kubernetes
 import msgspec
 import orjson
-from kubernetes.client import ApiClient, Configuration
+from kubernetes.client import Configuration
 
 from tpu_operator.state.documents import ListDocument, ListedObject
 
@@ -183,6 +189,27 @@ def connection_info(config: Configuration) -> Any:
     )
 
 
+def ssl_context(config: Configuration) -> ssl.SSLContext:
+    """TLS as the official client does it from the same configuration."""
+    context = ssl.create_default_context(cafile=config.ssl_ca_cert or None)
+    if not config.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if config.cert_file:
+        context.load_cert_chain(config.cert_file, config.key_file or None)
+    return context
+
+
+def auth_headers(config: Configuration) -> dict[str, str]:
+    """The Authorization header for one request (read each time: an in-cluster token is
+    rotated, and the client's refresh hook re-reads it)."""
+    token = config.get_api_key_with_prefix("BearerToken", alias="authorization")
+    if token:
+        return {"Authorization": token}
+    basic = config.get_basic_auth_token() if config.username else None
+    return {"Authorization": basic} if basic else {}
+
+
 class Kube:
     """Bounded, non-blocking Kubernetes API requests returning plain JSON."""
 
@@ -194,55 +221,33 @@ class Kube:
         timeout: float = 30.0,
         observer: Observer | None = None,
     ) -> None:
-        configuration.connection_pool_maxsize = concurrency
-        self._client = ApiClient(configuration)
-        # urllib3 retries a refused connection 3 times within milliseconds and warns each
-        # time: during an apiserver outage that was 3 lines per request on top of the
-        # caller's own. The callers retry with backoff and log one line per failure.
-        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
-        self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
+        self.config = configuration
+        self._server = configuration.host.rstrip("/")
+        self._proxy = configuration.proxy or None
         self._slots = asyncio.Semaphore(concurrency)
         self._timeout = timeout
         self._observer = observer
         self.concurrency = concurrency
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._client.close()
+    def _client(self) -> aiohttp.ClientSession:
+        """The session, made on the first request (it belongs to the running loop)."""
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    ssl=ssl_context(self.config), limit=self.concurrency
+                ),
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+            )
+            self._loop = loop
+        return self._session
 
-    def _call(
-        self,
-        verb: str,
-        path: str,
-        query: Mapping[str, str] | None,
-        body: Any,
-        content_type: str | None,
-        accept: str = "application/json",
-        loads: Loads = json.loads,
-    ) -> tuple[int, Any]:
-        headers = {"Accept": accept}
-        if body is not None:
-            headers["Content-Type"] = content_type or "application/json"
-        method, url, header_params, payload, _ = self._client.param_serialize(
-            method=verb,
-            resource_path=path,
-            query_params=list(query.items()) if query else None,
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = self._client.call_api(
-            method,
-            url,
-            header_params=header_params,
-            body=payload,
-            _request_timeout=self._timeout,
-        )
-        raw = response.read()
-        if not raw:
-            return response.status, None
-        # A failure's Status is always read (its reason and message make the ApiError).
-        return response.status, (loads if response.status < 400 else json.loads)(raw)
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
 
     async def request(
         self,
@@ -255,31 +260,35 @@ class Kube:
         accept: str = "application/json",
         loads: Loads = json.loads,
     ) -> Any:
-        """Send one request; return its body decoded by ``loads``, or raise ApiError."""
-        loop = asyncio.get_running_loop()
+        """Send one request; return its body decoded by ``loads``, or raise ApiError.
+
+        Answers are decoded on the event loop: the decoders are C code that holds the GIL
+        for the whole call wherever it runs, so a thread would not free the loop."""
+        headers = {"Accept": accept, **auth_headers(self.config)}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+            data = json.dumps(body, separators=(",", ":")).encode()
         async with self._slots:
             started = time.monotonic()
             try:
-                status, data = await loop.run_in_executor(
-                    self._executor,
-                    self._call,
+                async with self._client().request(
                     verb,
-                    path,
-                    query,
-                    body,
-                    content_type,
-                    accept,
-                    loads,
-                )
-            except kubernetes.client.ApiException as exc:
-                status, data = exc.status or 0, decode(exc.body)
-            except Exception as exc:  # connection refused, timeout, TLS ...
+                    self._server + path,
+                    params=query,
+                    data=data,
+                    headers=headers,
+                    proxy=self._proxy,
+                ) as response:
+                    status = response.status
+                    raw = await response.read()
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 self._observe(verb, 0, started)
-                raise ApiError(verb, path, 0, *_transport_error(exc)) from exc
+                raise ApiError(verb, path, 0, *_transport_error(exc, self._timeout)) from exc
         self._observe(verb, status, started)
         if status >= 400:
-            raise status_error(verb, path, status, data)
-        return data
+            raise status_error(verb, path, status, decode(raw))
+        return loads(raw) if raw else None
 
     def _observe(self, verb: str, status: int, started: float) -> None:
         if self._observer is not None:
@@ -364,14 +373,18 @@ async def send_all(requests: Iterable[Awaitable[Any]]) -> None:
             raise result
 
 
-def _transport_error(exc: BaseException) -> tuple[str, str]:
-    """The cause of a request that got no answer, briefly: urllib3 wraps the socket's
-    error (``MaxRetryError(reason=NewConnectionError(... [Errno 111] Connection
-    refused))``) in a message of a few hundred characters."""
-    cause = getattr(exc, "reason", None) or exc
-    text = str(cause)
-    errno = re.search(r"\[Errno -?\d+\] [^'\")]+", text)
-    return type(cause).__name__, errno.group(0) if errno else text
+def _transport_error(exc: BaseException, timeout: float) -> tuple[str, str]:
+    """The cause of a request that got no answer, briefly: the socket's error by its errno
+    (aiohttp says "Connect call failed ('10.0.0.1', 443)" for a refused connection), or
+    how long the request waited."""
+    os_error = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else None
+    if os_error is not None:
+        errno = os_error.errno
+        words = os.strerror(errno) if errno and errno > 0 else os_error.strerror or str(os_error)
+        return type(exc).__name__, f"[Errno {errno}] {words}"
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return type(exc).__name__, f"no answer within {timeout:g} s"
+    return type(exc).__name__, str(exc) or type(exc).__name__
 
 
 def retry_after(status: Mapping[str, Any]) -> float | None:

@@ -34,7 +34,6 @@ import contextlib
 import json
 import logging
 import random
-import ssl
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -48,7 +47,15 @@ from kubernetes.client import Configuration
 from tpu_operator import contract
 from tpu_operator.runtime.audit import stale
 from tpu_operator.runtime.caches import VERSIONS, Identity, identity_of
-from tpu_operator.runtime.kube import ApiError, Kube, decode, loads_core, status_error
+from tpu_operator.runtime.kube import (
+    ApiError,
+    Kube,
+    auth_headers,
+    decode,
+    loads_core,
+    ssl_context,
+    status_error,
+)
 from tpu_operator.state.documents import (
     ListDocument,
     ListMetadata,
@@ -371,27 +378,6 @@ NODES = Kind(
 
 class Gone(Exception):
     """The watch's resourceVersion is too old (410): list again."""
-
-
-def ssl_context(config: Configuration) -> ssl.SSLContext:
-    """TLS as the official client does it from the same configuration."""
-    context = ssl.create_default_context(cafile=config.ssl_ca_cert or None)
-    if not config.verify_ssl:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if config.cert_file:
-        context.load_cert_chain(config.cert_file, config.key_file or None)
-    return context
-
-
-def auth_headers(config: Configuration) -> dict[str, str]:
-    """The Authorization header for one request (read each time: an in-cluster token is
-    rotated, and the client's refresh hook re-reads it)."""
-    token = config.get_api_key_with_prefix("BearerToken", alias="authorization")
-    if token:
-        return {"Authorization": token}
-    basic = config.get_basic_auth_token() if config.username else None
-    return {"Authorization": basic} if basic else {}
 
 
 async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
