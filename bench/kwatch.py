@@ -194,3 +194,39 @@ class Watch:
             if all(seen.get(k) == v for k, v in status.items()):
                 return at
         return None
+
+
+def status_writes(history: list[tuple[float, str, str, dict[str, Any]]]) -> dict[str, int]:
+    """How many status changes a watch saw, by what each changed: for every MODIFIED event
+    whose status differs from the object's last one, the status fields that differ (a
+    condition by its type, ``~`` when only its message or timestamps moved), joined by
+    ``+``. Tells material writes from counters-only ones."""
+    last: dict[str, dict[str, Any]] = {}
+    counts: dict[str, int] = {}
+    for _, kind, name, status in history:
+        before = last.get(name)
+        last[name] = status
+        if kind != "MODIFIED" or before is None or before == status:
+            continue
+        key = "+".join(_changed_fields(before, status)) or "(order)"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _changed_fields(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    changed = []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) == new.get(key):
+            continue
+        if key != "conditions":
+            changed.append(key)
+            continue
+        before = {c.get("type"): c for c in old.get("conditions") or []}
+        after = {c.get("type"): c for c in new.get("conditions") or []}
+        for kind in sorted(set(before) | set(after), key=str):
+            a, b = before.get(kind) or {}, after.get(kind) or {}
+            if a == b:
+                continue
+            material = (a.get("status"), a.get("reason")) != (b.get("status"), b.get("reason"))
+            changed.append(f"{kind}" if material else f"{kind}~")
+    return changed

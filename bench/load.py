@@ -79,7 +79,7 @@ from typing import Any
 import harness
 import jobset
 from harness import say
-from kwatch import Watch, connect
+from kwatch import Watch, connect, status_writes
 from pod_creation import BareProcess
 from scale import Components, PodCounts
 
@@ -112,6 +112,8 @@ TIMEOUT = 1800.0
 DRAIN_RETRY = 60.0
 REQUEST_ROWS = 16
 """Rows of the apiserver's requests the report prints (the most frequent)."""
+STATUS_ROWS = 10
+"""How many kinds of status change the report lists per kind of object."""
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,12 @@ def bare_pods(plans: list[JobPlan], namespace: str) -> list[dict[str, Any]]:
 
 def jobs_path(namespace: str) -> str:
     return f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{namespace}/{contract.JOB_PLURAL}"
+
+
+def slices_path(namespace: str) -> str:
+    return (
+        f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{namespace}/{contract.SLICE_PLURAL}"
+    )
 
 
 def pods_path(namespace: str) -> str:
@@ -336,6 +344,7 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
     pods = PodCounts(bench.api, pods_path(namespace))
     await pods.start()
     jobs = await Watch(bench.api, jobs_path(namespace)).start()
+    slices = await Watch(bench.api, slices_path(namespace)).start()
     total, count = bench.total_pods, len(bench.plans)
     try:
         harness.reset_peak(operator.pid)
@@ -359,6 +368,7 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
             return sum(1 for s in jobs.objects.values() if s.phase == "Running") == count
 
         job_running = await jobs.wait(jobs_running, TIMEOUT, "every job Running")
+        writes = {"TPUJob": status_writes(jobs.history), "TPUSlice": status_writes(slices.history)}
         if profiler is not None:
             await profiler.stop()
         result: dict[str, Any] = {
@@ -368,6 +378,7 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
             "job_running": job_running - started,
             "components": spent,
             "apiserver_requests": served,
+            "status_writes": writes,
         }
         shares = await sampler.stop()
         result["cpu"] = operator.cpu() - cpu
@@ -390,6 +401,7 @@ async def trial_operator(bench: Bench, rep: int, variant: str = "operator") -> d
         result["restart"] = await restart(bench, operator, namespace, f"{variant}-{rep}")
     finally:
         await jobs.stop()
+        await slices.stop()
         say(f"{variant}: deleting the jobs")
         deleted = await drain(bench, namespace, pods)
         operator.stop()
@@ -684,6 +696,7 @@ def figures(trials: list[dict[str, Any]], pods: int) -> dict[str, Any]:
             )
             for n in names
         }
+        out[variant]["status_writes"] = runs[-1].get("status_writes", {})
         if all("work" in t for t in runs):
             out[variant]["work"] = {
                 k: harness.summary([t["work"][k] for t in runs])["median"] for k in runs[0]["work"]
@@ -812,6 +825,12 @@ def report(results: dict[str, Any], jobs: int, slices: int, pods: int) -> None:
     if worked:
         print("\nThe operator's work until every pod Running (median), per job, slice and pod")
         print(harness.table(["", *worked], work_rows(results, worked, jobs, slices, pods)))
+    for v in worked:
+        for kind, counts in results[v].get("status_writes", {}).items():
+            top = list(counts.items())[:STATUS_ROWS]
+            print(f"\n{v}: {kind} status changes until every job Running, by fields changed")
+            print(f"(last repetition; top {STATUS_ROWS}; a condition by type, ~: message only)")
+            print(harness.table(["fields", "changes"], [[k, str(n)] for k, n in top]))
     if "job_running" in results:
         print(
             harness.table(
