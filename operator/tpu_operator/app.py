@@ -183,6 +183,7 @@ class Runtime:
             self.pod_event,
             namespaces=config.namespaces,
             view=lambda document: pod_view(document, owners.ownership, owners.carried),
+            on_replace=self.pod_replaced,
         )
         self.node_watch = watch(NODES, nodes, self.node_event, on_listed=self._nodes_listed)
         self.audit = CacheAudit(
@@ -367,6 +368,10 @@ class Runtime:
                 self.context.pods_in_flight.seen(view)
         if self.acting:
             self._wake(pod_wake(self.caches, type, view))
+
+    def pod_replaced(self, old: PodView, new: PodView) -> None:
+        """A worker pod's cached view changed: a scheduler may have looked at it."""
+        self.caches.schedulers.replaced(old, new, self.context.clock())
 
     def _wake(self, wake: Wake) -> None:
         """Enqueue what a watch event asks for."""

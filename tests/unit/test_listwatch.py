@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from tpu_operator.reconcile.cached import JOBS, SLICES
 from tpu_operator.reconcile.pools import job_holder
 from tpu_operator.runtime import listwatch
 from tpu_operator.runtime.audit import stale
-from tpu_operator.runtime.caches import Caches, identity_of
+from tpu_operator.runtime.caches import Caches, Schedulers, identity_of
 from tpu_operator.runtime.kube import ApiError, loads_core
 from tpu_operator.runtime.listwatch import (
     NODES,
@@ -621,3 +622,23 @@ def test_a_tpujob_list_pages_through_whole_objects_and_drops_the_deleted():
     assert list(store["pool", "p2"]) == [job_holder(NS, "j2")]
     assert events.seen[-1][:2] == ("DELETED", "gone")
     assert [t for t, _, _ in events.seen[:-1]] == [None] * 3
+
+
+def test_a_pod_a_scheduler_placed_notes_when_that_scheduler_looked():
+    """The hook sees the view replaced: awaiting the scheduler, then bound to a node. The
+    runtime's record of schedulers (``Caches.schedulers``) is fed this way."""
+    schedulers = Schedulers()
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    replaced: list[tuple[str | None, str | None]] = []
+
+    def on_replace(old: Any, new: Any) -> None:
+        replaced.append((old.awaiting_scheduler, new.awaiting_scheduler))
+        schedulers.replaced(old, new, at)
+
+    w = ListWatch(PODS, None, None, PODS.store(), Events(), on_replace=on_replace)  # type: ignore[arg-type]
+    w._apply(line("ADDED", pod("j-0-0", "u0", version="5")), "4")
+    assert replaced == [] and schedulers.looked_at("default-scheduler") is None
+    w._apply(line("MODIFIED", pod("j-0-0", "u0", node="n1", version="6")), "5")
+    assert replaced == [("default-scheduler", None)]
+    assert schedulers.looked_at("default-scheduler") == at
+    assert schedulers.looked_at("volcano") is None

@@ -192,8 +192,9 @@ class Reason(StrEnum):
     webhook). Retried until the cause is gone (PodsScheduled False, and the slice's Ready
     condition)."""
     NO_SCHEDULER = "NoScheduler"
-    """No scheduler has looked at any pod of the attempt for a while: the scheduler their
-    ``schedulerName`` names does not run (or none does). The pods wait for it."""
+    """No scheduler has looked at any pod of the attempt for a while, and the scheduler
+    their ``schedulerName`` names has looked at no other pod of the operator's either: it
+    does not run (or none does). The pods wait for it."""
     SLICE_CREATION_FAILED = "SliceCreationFailed"
     """The apiserver refuses the job's TPUSlices (an admission policy or webhook, a
     quota on TPUSlices): retried until the cause is gone. A TPUSlice it rejects as

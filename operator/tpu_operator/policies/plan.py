@@ -136,6 +136,11 @@ class World(Protocol):
         """The apiserver's last refusal of the job's TPUSlices."""
         ...
 
+    def scheduler_looked_at(self, name: str) -> dt.datetime | None:
+        """When the scheduler ``name`` last looked at a pod of the operator's (None: not
+        since the operator started)."""
+        ...
+
 
 @dataclass
 class JobFacts:

@@ -86,6 +86,9 @@ class SliceFacts:
     previous_attempt: int = 0
     previous_message: str = ""
     """The phase, attempt and message of the status as read."""
+    scheduler_looked_at: dt.datetime | None = None
+    """When the scheduler of the gang's pods that none has looked at last looked at any pod
+    of the operator's (``state/gang.scheduler_wait``)."""
     finished: bool = False
     """A standalone slice that succeeded or failed for good: it keeps its phase and
     message, as a finished job does (``standalone.finished``)."""
@@ -192,7 +195,7 @@ def _ended(facts: SliceFacts) -> SlicePhase:
 def _starting(facts: SliceFacts) -> SlicePhase:
     """Not every worker of the attempt runs yet."""
     state = facts.gang
-    no_scheduler, recheck = scheduler_wait(state.unseen, facts.now)
+    no_scheduler, recheck = scheduler_wait(state.unseen, facts.now, facts.scheduler_looked_at)
     if state.unschedulable:
         pod, why = state.unschedulable
         message = f"pod {pod} cannot be scheduled: {why}"

@@ -63,9 +63,12 @@ def refused_slices(world: World) -> tuple[Reason, str] | None:
     )
 
 
-def no_scheduler(plan: Plan, state: GangState) -> tuple[Reason, str] | None:
-    """Pods no scheduler has looked at for a while (``state/gang.scheduler_wait``)."""
-    message, recheck = scheduler_wait(state.unseen, plan.now)
+def no_scheduler(plan: Plan, world: World, state: GangState) -> tuple[Reason, str] | None:
+    """Pods no scheduler has looked at for a while, while it looked at no other pod of the
+    operator's either (``state/gang.scheduler_wait``)."""
+    unseen = state.unseen
+    looked_at = world.scheduler_looked_at(unseen.scheduler) if unseen is not None else None
+    message, recheck = scheduler_wait(unseen, plan.now, looked_at)
     if recheck is not None:
         plan.after(recheck)
     return (Reason.NO_SCHEDULER, message) if message else None
@@ -114,7 +117,9 @@ def explain(facts: JobFacts, plan: Plan, world: World, attempt: int, state: Gang
         plan.condition(ConditionType.PODS_SCHEDULED, False, Reason.UNSCHEDULABLE, message)
         return True
     refused = (
-        refused_pods(facts, attempt, state) or refused_slices(world) or no_scheduler(plan, state)
+        refused_pods(facts, attempt, state)
+        or refused_slices(world)
+        or no_scheduler(plan, world, state)
     )
     if refused is None:
         return False

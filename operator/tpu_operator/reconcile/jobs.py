@@ -17,6 +17,7 @@ One reconcile (``JobRun.reconcile``) reads as a table of contents:
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import logging
 from collections.abc import Awaitable, Iterable, Mapping
@@ -224,6 +225,9 @@ class CachedWorld:
     def slice_refusal(self) -> SliceRefusal | None:
         refusal = self.ctx.refused_slices.get((self.meta["namespace"], self.meta["name"]))
         return refusal if refusal is not None and refusal.uid == self.meta["uid"] else None
+
+    def scheduler_looked_at(self, name: str) -> dt.datetime | None:
+        return self.ctx.caches.schedulers.looked_at(name)
 
 
 class JobRun:

@@ -572,6 +572,11 @@ class SliceRun:
                 previous_attempt=old.attempt,
                 finished=finished,
                 previous_message=old.message,
+                scheduler_looked_at=(
+                    self.ctx.caches.schedulers.looked_at(state.unseen.scheduler)
+                    if state.unseen is not None
+                    else None
+                ),
             )
         )
         if decided.failure is not None:

@@ -31,6 +31,7 @@ under ``(namespace, name, uid)`` and removes it from every key at once on a DELE
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -85,6 +86,25 @@ VERSIONS = itertools.count(1)
 """Version numbers of what the caches hold (``version`` methods here and in
 ``listwatch.Store``): drawn from one count, so a number is never seen twice in a process,
 even from caches rebuilt from scratch."""
+
+
+class Schedulers:
+    """When each scheduler (by ``schedulerName``) last looked at a pod of the operator's:
+    the moment a pod seen awaiting it was seen no longer awaiting it (bound, or marked
+    unschedulable). Tells a scheduler working through a backlog from one that does not
+    run (``state/gang.scheduler_wait``)."""
+
+    def __init__(self) -> None:
+        self._looked: dict[str, dt.datetime] = {}
+
+    def replaced(self, old: PodView, new: PodView, now: dt.datetime) -> None:
+        """A pod's cached view was replaced: note its scheduler's look, if this was one."""
+        name = old.awaiting_scheduler
+        if name is not None and new.awaiting_scheduler is None and new.deletion_deadline is None:
+            self._looked[name] = now
+
+    def looked_at(self, name: str) -> dt.datetime | None:
+        return self._looked.get(name)
 
 
 class Tombstones:
@@ -150,14 +170,15 @@ class Caches:
         self.tombstones = Tombstones()
         self.owners = SliceOwners()
         """The TPUSlices known by UID: which pods are the operator's (``ownership.py``)."""
+        self.schedulers = Schedulers()
         self._audited = {"slices": slices, "jobs": jobs}
         self._workloads: Index | None = None
         self._node_snapshot: NodeSnapshot | None = None
         self.nodes_version = next(VERSIONS)
+        """Changes with every node event (``nodes_changed``)."""
         self.dynamic_slicing_seen = False
         """A dynamically sliced TPUSlice was reconciled: a deleted TPUSlice may have GKE
         Slices to delete (``reconcile/slices.release_dynamic_slices``)."""
-        """Changes with every node event (``nodes_changed``)."""
 
     # Kueue Workloads (docs/tasks/kueue.md)
     def attach_workloads(self, index: Index) -> None:

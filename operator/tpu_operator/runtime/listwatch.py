@@ -414,8 +414,11 @@ class ListWatch:
         on_listed: Callable[[int], None] | None = None,
         count: Callable[[], None] | None = None,
         view: Callable[[Any], Any] | None = None,
+        on_replace: Callable[[Any, Any], None] | None = None,
     ) -> None:
         self.kind = kind
+        self.on_replace = on_replace
+        """Called with the old and the new view when an event changes a cached view."""
         self.view = view or kind.view
         """An object's view (the kind's, unless the runtime decides more: a pod's
         ownership, ``runtime/ownership.py``)."""
@@ -451,7 +454,10 @@ class ListWatch:
         if view is None:
             return ident, None, False
         old = self.store.put(ident, view)
-        return ident, view, old != view
+        changed = old != view
+        if changed and old is not None and self.on_replace is not None:
+            self.on_replace(old, view)
+        return ident, view, changed
 
     async def list_once(self, namespace: str | None) -> str:
         """List ``namespace`` into the store, drop what it no longer has, and return the

@@ -95,29 +95,45 @@ class Unseen:
 
 
 SCHEDULER_GRACE_SECONDS = 30.0
-"""How long the pods of an attempt may wait before the job says that no scheduler has
-looked at any of them (a scheduler working through a backlog looks at some first)."""
+"""How long the pods of an attempt may wait, while their scheduler looks at no pod of the
+operator's either, before the job says that no scheduler has looked at any of them."""
 
 
-def scheduler_wait(unseen: Unseen | None, now: dt.datetime) -> tuple[str | None, float | None]:
+def scheduler_wait(
+    unseen: Unseen | None, now: dt.datetime, looked_at: dt.datetime | None = None
+) -> tuple[str | None, float | None]:
     """What to say of pods no scheduler has looked at: (message, None) once they have
     waited ``SCHEDULER_GRACE_SECONDS``; (None, seconds until then) before; (None, None)
-    when a scheduler has looked at the attempt's pods."""
+    when a scheduler has looked at the attempt's pods.
+
+    ``looked_at``: when the scheduler they name last looked at any pod of the operator's
+    (``runtime/caches.Schedulers``). A scheduler working through a backlog of thousands
+    of pods (a thousand jobs applied at once) reaches an attempt's pods minutes after they
+    were made; while it keeps placing others, it runs, and the wait is counted from its
+    last placement instead: "check that such a scheduler runs" would send people looking
+    for a fault that is none (and cost a status write per object)."""
     if unseen is None:
         return None, None
     created = parse(unseen.created)
-    waited = (now - created).total_seconds() if created is not None else 0.0
-    if waited < SCHEDULER_GRACE_SECONDS:
-        return None, SCHEDULER_GRACE_SECONDS - waited
+    since = created if looked_at is None or created is None else max(created, looked_at)
+    quiet = (now - since).total_seconds() if since is not None else 0.0
+    if quiet < SCHEDULER_GRACE_SECONDS:
+        return None, SCHEDULER_GRACE_SECONDS - quiet
+    waited = (now - created).total_seconds() if created is not None else quiet
     which = (
         "the cluster's kube-scheduler (schedulerName default-scheduler)"
         if unseen.scheduler == DEFAULT_SCHEDULER
         else f"a scheduler named {unseen.scheduler!r} (spec.template.spec.schedulerName)"
     )
+    stopped = (
+        f" (which last looked at a pod of the operator's {quiet:.0f} s ago)"
+        if since is not None and since != created
+        else ""
+    )
     return (
         f"no scheduler has looked at pod {unseen.pod} (or any other pod of this attempt) in "
-        f"{waited:.0f} s: it waits for {which}; check that such a scheduler runs, or set "
-        "schedulerName to one that does",
+        f"{waited:.0f} s: it waits for {which}{stopped}; check that such a scheduler runs, "
+        "or set schedulerName to one that does",
         None,
     )
 

@@ -265,6 +265,32 @@ def facts(state: GangState, **fields: Any) -> SliceFacts:
             id="starting-scheduler-grace-then-looks-again",
         ),
         pytest.param(
+            facts(
+                gang("Starting", 0, unseen="2026-01-01T00:00:00Z"),
+                scheduler_looked_at=dt.datetime(2026, 1, 1, 0, 0, 50, tzinfo=dt.UTC),
+            ),
+            Phase.STARTING,
+            "0/2 workers ready",
+            None,
+            False,
+            20.0,
+            id="starting-scheduler-busy-with-other-pods",
+        ),
+        pytest.param(
+            facts(
+                gang("Starting", 0, unseen="2026-01-01T00:00:00Z"),
+                scheduler_looked_at=dt.datetime(2026, 1, 1, 0, 0, 20, tzinfo=dt.UTC),
+            ),
+            Phase.STARTING,
+            NO_SCHEDULER + ": it waits for the cluster's kube-scheduler (schedulerName "
+            "default-scheduler) (which last looked at a pod of the operator's 40 s ago); "
+            "check that such a scheduler runs, or set schedulerName to one that does",
+            None,
+            False,
+            None,
+            id="starting-scheduler-stopped-looking",
+        ),
+        pytest.param(
             facts(gang("Running")),
             Phase.RUNNING,
             "2 workers running",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -91,6 +92,22 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], World, str | None, str]] 
         World(),
         "NoScheduler",
         "named 'volcano'",
+    ),
+    (
+        "their scheduler is busy with other pods",
+        {"unseen": Unseen("j-0-0", "volcano", "2026-01-01T00:00:00Z")},
+        {},
+        World(schedulers={"volcano": dt.datetime(2026, 1, 1, 0, 1, 30, tzinfo=dt.UTC)}),
+        None,
+        "",
+    ),
+    (
+        "their scheduler stopped looking at pods",
+        {"unseen": Unseen("j-0-0", "volcano", "2026-01-01T00:00:00Z")},
+        {},
+        World(schedulers={"volcano": dt.datetime(2026, 1, 1, 0, 0, 10, tzinfo=dt.UTC)}),
+        "NoScheduler",
+        "named 'volcano' (spec.template.spec.schedulerName) (which last looked at a pod",
     ),
 ]
 

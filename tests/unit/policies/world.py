@@ -67,6 +67,8 @@ class World:
     """The in-place restart told every staying pod to start (``in_place_started``)."""
     conflict: str = ""
     refusal: SliceRefusal | None = None
+    schedulers: dict[str, dt.datetime] = field(default_factory=dict)
+    """When each scheduler last looked at a pod of the operator's."""
     metrics: Recorded = field(default_factory=Recorded)
     allocated: list[list[Request]] = field(default_factory=list)
 
@@ -125,6 +127,9 @@ class World:
 
     def slice_refusal(self) -> SliceRefusal | None:
         return self.refusal
+
+    def scheduler_looked_at(self, name: str) -> dt.datetime | None:
+        return self.schedulers.get(name)
 
 
 def spec(**fields: Any) -> dict[str, Any]:
