@@ -7,6 +7,7 @@ import pytest
 from tests.unit.fakeapi import ManualClock
 from tpu_operator.reconcile.pacing import (
     StatusPacer,
+    clock_only,
     counters_only,
     material_slice,
     reconcile_spacing,
@@ -48,6 +49,26 @@ def goodput(wall: float, finished: float = 0.0) -> dict[str, object]:
 def test_counts_messages_and_the_live_goodput_account_are_counters_only():
     assert counters_only(status(200), status(150))
     assert counters_only(status(200, goodput=goodput(6.5)), status(150, goodput=goodput(7.2)))
+
+
+def test_a_slice_summarys_phase_is_paced_as_its_count_is():
+    """The job's summary of a slice follows that slice's phase (the slice's own status
+    says it at once); its failures and pool are material."""
+    before = status(200)
+    after = status(200)
+    after["slices"] = [{**before["slices"][0], "phase": "Running"}]  # type: ignore[index]
+    assert counters_only(before, after)
+    failed = status(200)
+    failed["slices"] = [{**before["slices"][0], "failures": 1}]  # type: ignore[index]
+    assert not counters_only(before, failed)
+
+
+def test_a_change_of_the_live_goodput_alone_is_no_reason_to_write():
+    before = status(200, goodput=goodput(6.5))
+    assert clock_only(before, status(200, goodput=goodput(36.5)))
+    assert not clock_only(before, status(199, goodput=goodput(36.5)))  # and a count
+    assert not clock_only(before, status(200, goodput=goodput(36.5, 5.0)))  # carried
+    assert not clock_only(status(200), status(200, goodput=goodput(6.5)))  # its first
 
 
 def test_goodput_carried_from_finished_attempts_is_material():
