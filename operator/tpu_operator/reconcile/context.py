@@ -18,7 +18,7 @@ from tpu_operator.placement.pools import NO_SPARES, Spares
 from tpu_operator.policies.plan import Metrics, SliceRefusal
 from tpu_operator.policies.slice_phase import PodRefusal
 from tpu_operator.reconcile.expectations import CreatedPods, DeletedPods, PodsInFlight
-from tpu_operator.reconcile.pacing import StatusPacer
+from tpu_operator.reconcile.pacing import StatusPacer, clock_only
 from tpu_operator.reconcile.supervisors import Supervisors
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.runtime.events import ObjectRef
@@ -242,14 +242,15 @@ async def write_status(
     status: dict[str, Any],
     pacer: StatusPacer | None = None,
 ) -> bool:
-    """Replace the status (merge patch) if it changed, guarded by the resourceVersion read.
+    """Replace the status (merge patch) if it changed in more than the clock-derived
+    goodput figures (``pacing.clock_only``), guarded by the resourceVersion read.
 
     Returns False when the object changed since it was read (409): the caller's decision
     was made on stale data and the next reconcile, on fresh data, decides again. Every
     decision (a restart, a failure) is committed by this write before it is acted on.
     """
     current = body.get("status") or {}
-    if current == status:
+    if current == status or clock_only(current, status):
         return True
     meta = body["metadata"]
     patch: dict[str, Any] = {
