@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tpu_operator.progress import report
@@ -40,6 +42,23 @@ def test_parse_keeps_the_worker_families():
     assert (sample.step_seconds_sum, sample.step_seconds_count) == (6.0, 12.0)
     assert sample.resumed_from == 20  # step 32 after 12 steps: resumed from checkpoint 20
     assert parse("tpu_worker_step 0\n", 0.0).resumed_from is None  # no step made yet
+
+
+def test_a_value_that_is_not_finite_counts_as_not_reported():
+    """A diverged run's NaN loss (or an infinity) never reaches status, whose JSON cannot
+    hold it: the apiserver refuses a body with NaN, and every status write would fail."""
+    text = METRICS + "# TYPE tpu_worker_loss gauge\ntpu_worker_loss NaN\n"
+    assert parse(text, at=5.0).loss is None
+    assert parse(text.replace("NaN", "+Inf"), at=5.0).loss is None
+    assert parse(text.replace("NaN", "0.25"), at=5.0).loss == 0.25
+    assert parse("tpu_worker_step NaN\n", 0.0).step is None
+    track = JobTrack(attempt=1)
+    leader = track.worker("j-0-0", 0, 0, None)
+    track.observe(leader, sample(0.0, 0))
+    track.observe(leader, replace(sample(10.0, 50), loss=float("nan"), peak_flops=0.0))
+    figures = report.progress(track, total_workers=1)
+    assert figures.loss is None and figures.mfu is None
+    assert figures.step == 50
 
 
 def sample(

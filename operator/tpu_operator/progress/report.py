@@ -19,6 +19,8 @@ seconds are taken out of productive time) and other (the rest).
 
 from __future__ import annotations
 
+import math
+
 from tpu_operator.api.monitoring import Goodput, Progress, SlowestWorker
 from tpu_operator.progress.samples import WorkerSample
 from tpu_operator.progress.tracker import JobTrack
@@ -60,7 +62,8 @@ EARLIEST_FIRST = (
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
+    """A status figure: rounded; None (left out) when not finite, which JSON cannot hold."""
+    return None if value is None or not math.isfinite(value) else round(value, digits)
 
 
 def progress(track: JobTrack, total_workers: int) -> Progress:

@@ -2,11 +2,14 @@
 
 Only the ``tpu_worker_`` series the operator needs are kept (names from
 ``tpu_operator.worker_metrics``; docs/reference/metrics.md lists them). Parsing uses
-prometheus-client's text parser.
+prometheus-client's text parser. A value that is not finite (a diverged loss of NaN, an
+infinity) counts as not reported: the figures go into the job's status, which JSON, and
+so the apiserver, cannot hold them in; the worker's own metrics still show them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -77,6 +80,8 @@ def parse(text: str, at: float) -> WorkerSample:
         if not family.name.startswith(wm.PREFIX):
             continue
         for sample in family.samples:
+            if not math.isfinite(sample.value):
+                continue
             if sample.name == wm.PHASE_SECONDS_TOTAL:
                 phases[sample.labels.get(wm.LABEL_PHASE, "")] = sample.value
             elif sample.name in _SCALARS:

@@ -72,6 +72,21 @@ def loads_core(raw: bytes) -> Any:
     return orjson.loads(raw)
 
 
+def dumps(body: Any) -> bytes:
+    """A request body as JSON: orjson, 5-10x faster than ``json`` on a worker pod (the
+    operator's most written body) and on a status patch.
+
+    orjson refuses an integer beyond 64 bits (a custom resource's free-form template may
+    hold one; the apiserver then answers for it) and a key that is not a string: those
+    bodies are written by ``json``, exactly. A number that is not finite (NaN, infinity)
+    is written as null, never as the bare ``NaN`` JSON does not allow and the apiserver
+    refuses (for a merge patch, null removes the field)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body, separators=(",", ":")).encode()
+
+
 def listed_metadata(raw: bytes) -> tuple[list[dict[str, Any]], str | None]:
     """One page of a metadata-only list: each object's ``LISTED_FIELDS`` that it has, and
     the token of the next page (None on the last).
@@ -268,7 +283,7 @@ class Kube:
         data = None
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
-            data = json.dumps(body, separators=(",", ":")).encode()
+            data = dumps(body)
         async with self._slots:
             started = time.monotonic()
             try:
