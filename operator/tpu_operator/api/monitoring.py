@@ -62,7 +62,8 @@ class SlowestWorker(ApiModel):
 
 
 class Progress(ApiModel):
-    """Training progress read from the workers' metrics."""
+    """Training progress read from the workers' metrics. A figure a worker reports as NaN
+    or infinite (a diverged loss) is left out: JSON cannot hold it."""
 
     step: int | None = None
     steps_per_second: float | None = None
@@ -71,6 +72,7 @@ class Progress(ApiModel):
     mfu: float | None = None
     """Model FLOPs utilization: achieved model FLOP/s over the peak of the job's chips."""
     loss: float | None = None
+    """The latest loss worker 0 of slice 0 reported; absent while it is NaN or infinite."""
     last_progress_time: str | None = None
     """When the operator last saw the step advance."""
     sampled_time: str | None = None
