@@ -34,7 +34,7 @@ from typing import Any, cast
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tpu_operator import catalog, contract
-from tpu_operator.placement.pools import PoolView, Request, allocate
+from tpu_operator.placement.pools import PoolView, Request, allocate, pools_by_shape
 from tpu_operator.reconcile.context import Context, Reservations
 from tpu_operator.reconcile.expectations import PodsInFlight
 from tpu_operator.reconcile.pools import HeldPools, job_holder
@@ -112,13 +112,16 @@ def measure(jobs: int, hosts: int) -> dict[str, float]:
     requests = [Request(shape)]
     exclude = job_holder(NAMESPACE, "new")
     free = f"pool-{jobs:05d}"
+    index = pools_by_shape(pools)  # kept per node change, as the operator keeps it
     for way in (Named, HeldPools):
-        chosen = allocate(requests, pools, way(ctx, exclude, pools)).pools
+        chosen = allocate(requests, pools, way(ctx, exclude, pools), index).pools
         assert chosen == [free], (way.__name__, chosen)
     rounds = max(1, 20_000 // jobs)
 
     def run(way: type[HeldPools]) -> Any:
-        return lambda: [allocate(requests, pools, way(ctx, exclude, pools)) for _ in range(rounds)]
+        return lambda: [
+            allocate(requests, pools, way(ctx, exclude, pools), index) for _ in range(rounds)
+        ]
 
     return {
         name: min(timeit.repeat(run(way), number=1, repeat=5)) / rounds * 1e6

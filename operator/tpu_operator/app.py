@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -59,6 +60,9 @@ LISTED_POLL_SECONDS = 1.0
 """How often start-up asks whether any TPUJob or TPUSlice exists (``_all_listed``)."""
 HALT_SECONDS = 5.0
 """How long a deposed leader waits for its reconciles and queues to stop before exiting."""
+SCHEDULERS_SECONDS = 5.0
+"""How often the acting replica looks for schedulers gone quiet (``wake_awaiting``): a
+scheduler that stopped is reported at most this much after ``SCHEDULER_GRACE_SECONDS``."""
 SERVICES = Source(
     "services",
     "services",
@@ -259,6 +263,7 @@ class Runtime:
         self.job_reconciler = JobReconciler(self.context)
         self.slice_reconciler = SliceReconciler(self.context)
         self._resync_task: asyncio.Task[None] | None = None
+        self._schedulers_task: asyncio.Task[None] | None = None
         self._housekeeping_task: asyncio.Task[None] | None = None
         self._trim_task: asyncio.Task[None] | None = None
         self.acting = False
@@ -477,6 +482,7 @@ class Runtime:
         self.jobs.start()
         self.slices.start()
         self._resync_task = asyncio.create_task(self._resync(), name="resync")
+        self._schedulers_task = asyncio.create_task(self._schedulers(), name="schedulers")
         self.enqueue_all()  # not after the Services' listing: a failover must not wait
 
     async def lead(self, elector: LeaderElector, on_lost: Callable[[str], None]) -> None:
@@ -527,8 +533,9 @@ class Runtime:
         if not self.acting:
             return
         self.acting = False
-        if self._resync_task is not None:
-            self._resync_task.cancel()
+        for task in (self._resync_task, self._schedulers_task):
+            if task is not None:
+                task.cancel()
         await asyncio.gather(
             self.jobs.stop(), self.slices.stop(), self.sampler.stop(), self.events.stop()
         )
@@ -544,8 +551,9 @@ class Runtime:
             await watch.stop()
         if self.acting:
             self.acting = False
-            if self._resync_task is not None:
-                self._resync_task.cancel()
+            for task in (self._resync_task, self._schedulers_task):
+                if task is not None:
+                    task.cancel()
             await self.sampler.stop()
             await self.jobs.stop()
             await self.slices.stop()
@@ -578,6 +586,28 @@ class Runtime:
         jobs and standalone slices that may wait for one."""
         for kind, key in waiting_for_pools(self.caches):
             (self.jobs if kind == "jobs" else self.slices).add(key)
+
+    def wake_awaiting(self, now: dt.datetime) -> None:
+        """Look again at the jobs and slices whose pods await a scheduler that has looked
+        at no pod of the operator's for ``SCHEDULER_GRACE_SECONDS``: they report it
+        (``NoScheduler``). While it keeps looking at others, none of them looks again on
+        a timer of its own (``state/gang.scheduler_wait``)."""
+        for name in self.caches.schedulers.gone_quiet(now):
+            slices: set[tuple[str, str]] = set()
+            jobs: set[tuple[str, str]] = set()
+            for pod in self.caches.awaiting(name):
+                slices.add((pod.namespace, pod.slice_name))
+                if pod.job_owned:
+                    jobs.add((pod.namespace, pod.job_name))
+            for key in slices:
+                self.slices.add(key)
+            for key in jobs:
+                self.jobs.add(key)
+
+    async def _schedulers(self) -> None:
+        while True:
+            await asyncio.sleep(SCHEDULERS_SECONDS)
+            self.wake_awaiting(self.context.clock())
 
     def depths(self) -> dict[str, int]:
         return {"TPUJob": len(self.jobs), "TPUSlice": len(self.slices)}

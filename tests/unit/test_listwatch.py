@@ -87,8 +87,10 @@ def test_the_store_files_a_pod_under_every_key_and_moves_it_when_it_changes():
     assert [p.name for p in caches.pods_of_job(NS, "j")] == ["j-0-0"]
     assert caches.pods_on_node("n1") == []
     assert list(caches.pinned_pools()) == ["p1"]
+    assert [p.name for p in caches.awaiting("default-scheduler")] == ["j-0-0"]
     put(store, pod("j-0-0", "u0", pool="p1", node="n1", phase="Running"))
     assert [p.phase for p in caches.pods_on_node("n1")] == ["Running"]
+    assert caches.awaiting("default-scheduler") == []
     assert caches.count_pods_of_slice(NS, "j-0") == 1, "a change replaces, never adds"
     assert store.discard((NS, "j-0-0", "u0")) is not None
     assert len(store) == 0, "no empty key is left behind"
@@ -98,7 +100,7 @@ def test_the_store_files_a_pod_under_every_key_and_moves_it_when_it_changes():
 def test_a_standalone_slice_pod_has_no_job_key():
     store = PODS.store()
     put(store, pod("s-0", "u0", job="s", slice_name="s"))
-    assert set(store) == {("slice", NS, "s")}
+    assert set(store) == {("slice", NS, "s"), ("awaiting", "default-scheduler")}
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from tpu_operator.placement.pools import (
     choose_machine,
     job_spares,
     parse_selector,
+    pools_by_shape,
     pools_from_nodes,
     provisions,
     requests_for,
@@ -459,6 +460,37 @@ def test_spare_pools_are_kept_for_replacing_a_slice_on_a_broken_pool(
     assert allocation.pools == (None if chosen is None else [chosen])
     assert allocation.spares == spare
     assert words in allocation.message
+
+
+@pytest.mark.parametrize(
+    ("pools", "held", "request_", "chosen"),
+    [
+        # The smallest free pool of the slice's shape, then the first by name ...
+        ([v5p("c", vms=3), v5p("b", vms=3), v5p("d")], {}, Request(V5P_16), "d"),
+        ([v5p("c", vms=3), v5p("b", vms=3)], {}, Request(V5P_16), "b"),
+        ([v5p("c"), v5p("b"), v5p("a")], {"a": "TPUJob ml/x"}, Request(V5P_16), "b"),
+        # ... never one of another shape, however free and small.
+        ([v6e("a", 2, 4), v5p("z", vms=3)], {}, Request(V5P_16), "z"),
+        ([v6e("a", 2, 4)], {}, Request(V5P_16), None),
+        ([v6e("a", 2, 4), v5p("z")], {}, Request(V6E_8_4), "a"),
+        # Capacity that comes as new VMs takes no pool that exists.
+        ([v5p("a")], {}, Request(V5P_16, fresh=True), None),
+        # Replacing a slice: a spare first, then the smallest, then by name.
+        (
+            [v5p("a"), v5p("c-spare", vms=3), v5p("b-spare", vms=3)],
+            {},
+            Request(V5P_16, spares=spares_of(["b-spare", "c-spare"]), replacing=True),
+            "b-spare",
+        ),
+    ],
+)
+def test_a_free_choice_takes_the_smallest_pool_of_the_slices_shape(pools, held, request_, chosen):
+    """The same choice whether ``allocate`` groups the pools by shape itself or is given
+    the grouping the operator keeps per node change (``pools_by_shape``)."""
+    by_name = {p.name: p for p in pools}
+    for index in (None, pools_by_shape(by_name)):
+        allocation = allocate([request_], by_name, held, index)
+        assert allocation.pools == (None if chosen is None else [chosen])
 
 
 def test_a_pool_carries_the_labels_all_its_nodes_share():

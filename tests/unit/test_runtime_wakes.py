@@ -6,6 +6,7 @@ never called."""
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -312,3 +313,36 @@ def test_a_slice_of_a_multislice_job_settles_as_long_as_its_counter_writes_wait(
     )
     assert runtime._slice_settle(("ml", "s")) == settle
     assert runtime._slice_settle(("ml", "gone")) == 1.0, "an uncached slice: the default"
+
+
+def test_the_owners_of_pods_awaiting_a_scheduler_gone_quiet_are_woken_once_per_look(
+    runtime: Any,
+) -> None:
+    """While the scheduler keeps looking at other pods, nothing waiting for it looks again
+    on a timer of its own (``state/gang.scheduler_wait``); once it has been quiet for
+    ``SCHEDULER_GRACE_SECONDS`` the slices and jobs of the pods still awaiting it are
+    woken to report it, once, and again only after a later look goes quiet too."""
+    store = runtime.pod_watch.store
+    waiting = pod("j-0-0", phase="Pending")
+    waiting["spec"] = {}
+    placed = pod("j-0-1", phase="Pending")
+    for body in (waiting, placed):
+        store.put(identity_of(body), pod_view(body))
+    assert [p.name for p in runtime.caches.awaiting("default-scheduler")] == ["j-0-0"]
+    looked = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    awaited = pod_view(dict(placed, spec={}))
+    runtime.caches.schedulers.replaced(awaited, pod_view(placed), looked)  # bound: a look
+    runtime.wake_awaiting(looked + dt.timedelta(seconds=29))
+    assert runtime.slices.calls == runtime.jobs.calls == []
+    runtime.wake_awaiting(looked + dt.timedelta(seconds=30))
+    assert runtime.slices.keys == [("ml", "j-0")]
+    assert runtime.jobs.keys == [("ml", "j")]
+    runtime.wake_awaiting(looked + dt.timedelta(seconds=90))
+    assert len(runtime.slices.calls) == len(runtime.jobs.calls) == 1
+    again = looked + dt.timedelta(seconds=100)
+    runtime.caches.schedulers.replaced(awaited, pod_view(placed), again)
+    runtime.wake_awaiting(again + dt.timedelta(seconds=30))
+    assert len(runtime.slices.calls) == len(runtime.jobs.calls) == 2
+    # Placed at last: nothing awaits the scheduler, and nothing is woken.
+    store.put(identity_of(waiting), pod_view(pod("j-0-0", phase="Pending")))
+    assert runtime.caches.awaiting("default-scheduler") == []

@@ -63,3 +63,17 @@ def test_each_scheduler_has_its_own_last_look():
     assert schedulers.looked_at("default-scheduler") == AT
     assert schedulers.looked_at("volcano") == later
     assert schedulers.looked_at("yunikorn") is None
+
+
+def test_a_scheduler_gone_quiet_is_named_once_per_look():
+    schedulers = Schedulers()
+    bound = dataclasses.replace(WAITING, awaiting_scheduler=None, node="n1")
+    assert schedulers.gone_quiet(AT + dt.timedelta(hours=1)) == []  # never looked: no timer here
+    schedulers.replaced(WAITING, bound, AT)
+    assert schedulers.gone_quiet(AT + dt.timedelta(seconds=29.9)) == []
+    assert schedulers.gone_quiet(AT + dt.timedelta(seconds=30)) == ["default-scheduler"]
+    assert schedulers.gone_quiet(AT + dt.timedelta(seconds=300)) == []
+    later = AT + dt.timedelta(seconds=120)
+    schedulers.replaced(WAITING, bound, later)
+    assert schedulers.gone_quiet(later + dt.timedelta(seconds=10)) == []
+    assert schedulers.gone_quiet(later + dt.timedelta(seconds=31)) == ["default-scheduler"]

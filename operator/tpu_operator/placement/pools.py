@@ -27,7 +27,7 @@ claim before the slice's next pods, or kept with a message saying why (``vanishe
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from tpu_operator import contract
@@ -255,13 +255,6 @@ def shape_words(shape: SliceShape) -> str:
     return f"{shape.accelerator} {shape.topology} ({vms} of {shape.chips_per_host} chips)"
 
 
-def _shape_matches(pool: PoolView, request: Request) -> bool:
-    return (pool.accelerator, pool.topology) == (
-        request.shape.accelerator,
-        request.shape.topology,
-    )
-
-
 def _wrong_machine(pool: PoolView, shape: SliceShape) -> str | None:
     """Why the pool's VMs cannot take the slice's pods (chips per VM), or None."""
     if pool.chips_per_vm is None or pool.chips_per_vm == shape.chips_per_host:
@@ -326,8 +319,29 @@ def _pinned_mismatch(pool: PoolView | None, shape: SliceShape) -> str | None:
     return None
 
 
+ShapeKey = tuple[str | None, str | None]
+"""A pool's or a slice's (accelerator, topology)."""
+
+
+def pools_by_shape(pools: Mapping[str, PoolView]) -> dict[ShapeKey, tuple[PoolView, ...]]:
+    """The pools of each (accelerator, topology), smallest first, then by name: the order
+    in which a free choice tries them (``allocate``). Built once per node change
+    (``reconcile/pools.tpu_pools_by_shape``), so that a choice reads the pools of its
+    slice's shape alone instead of sorting every pool of the cluster each time: with
+    1,000 jobs, 681 pools for every allocation."""
+    groups: dict[ShapeKey, list[PoolView]] = {}
+    for pool in pools.values():
+        groups.setdefault((pool.accelerator, pool.topology), []).append(pool)
+    return {
+        key: tuple(sorted(group, key=lambda p: (p.nodes, p.name))) for key, group in groups.items()
+    }
+
+
 def allocate(
-    requests: list[Request], pools: Mapping[str, PoolView], held: Mapping[str, str]
+    requests: list[Request],
+    pools: Mapping[str, PoolView],
+    held: Mapping[str, str],
+    by_shape: Mapping[ShapeKey, Sequence[PoolView]] | None = None,
 ) -> Allocation:
     """Pick a distinct free pool for every request, or explain why not.
 
@@ -338,8 +352,9 @@ def allocate(
     not exist yet (the cluster autoscaler creates its nodes for the pending pods), but it
     must not be held, and a pinned pool whose nodes are of another shape or machine type
     is refused. A request that may provision gets a claim reference when no free pool
-    fits.
+    fits. ``by_shape``: ``pools_by_shape(pools)``, when the caller keeps it.
     """
+    shapes = pools_by_shape(pools) if by_shape is None else by_shape
     chosen: dict[int, str] = {}
     provisioning: list[int] = []
     spare: list[int] = []
@@ -365,14 +380,13 @@ def allocate(
             chosen[index] = request.pinned
             taken.add(request.pinned)
             continue
-        candidates = sorted(
-            (p for p in pools.values() if _shape_matches(p, request) and not request.fresh),
-            key=lambda p: (
-                not (request.replacing and request.spares.holds(p)),
-                p.nodes,
-                p.name,
-            ),
+        candidates: Sequence[PoolView] = (
+            ()
+            if request.fresh
+            else shapes.get((request.shape.accelerator, request.shape.topology), ())
         )
+        if request.replacing:  # a spare first; the sort is stable: smallest, then by name
+            candidates = sorted(candidates, key=lambda p: not request.spares.holds(p))
         for pool in candidates:
             if pool.name in taken or pool.name in held or _unfit(pool, request, None):
                 continue

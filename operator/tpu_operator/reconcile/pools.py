@@ -48,10 +48,12 @@ from tpu_operator.placement.pools import (
     PoolGone,
     PoolView,
     Request,
+    ShapeKey,
     Spares,
     allocate,
     choose_machine,
     pool_unhealthy,
+    pools_by_shape,
     pools_from_nodes,
     provisions,
     resolve_claim,
@@ -232,6 +234,14 @@ def tpu_pools(ctx: Context) -> dict[str, PoolView]:
     return ctx.caches.from_nodes("pools", pools_from_nodes)
 
 
+def tpu_pools_by_shape(
+    ctx: Context, pools: dict[str, PoolView]
+) -> dict[ShapeKey, tuple[PoolView, ...]]:
+    """``pools`` (``tpu_pools``, of the same node snapshot) by shape, grouped and sorted
+    once per node change (shared: read only)."""
+    return ctx.caches.from_nodes("pools-by-shape", lambda _: pools_by_shape(pools))
+
+
 def holds_spares(body: Mapping[str, Any]) -> bool:
     """A TPUJob that names spare pools (``spec.placement.spares``) or holds some
     (``status.spareNodePools``) and has not finished: filed under ``SPARES_HOLDER`` in the
@@ -289,7 +299,8 @@ def choose_pools(ctx: Context, holder: str, requests: list[Request]) -> Allocati
     others = spares_of_others(ctx, holder)
     if others:
         requests = [replace(r, others=others) for r in requests]
-    allocation = allocate(requests, pools, held_pools(ctx, exclude=holder, pools=pools))
+    held = held_pools(ctx, exclude=holder, pools=pools)
+    allocation = allocate(requests, pools, held, tpu_pools_by_shape(ctx, pools))
     if allocation.pools is not None:
         ctx.reservations.reserve(holder, allocation.pools)
     return allocation

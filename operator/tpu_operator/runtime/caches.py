@@ -40,6 +40,7 @@ from typing import Any, TypeVar, cast
 
 from tpu_operator.placement.dynamic import cube_lost, cube_lost_why
 from tpu_operator.runtime.ownership import SliceOwners, slice_job_name
+from tpu_operator.state.gang import SCHEDULER_GRACE_SECONDS
 from tpu_operator.state.views import LostNodes, NodeView, PodView
 
 Index = Mapping[Any, Collection[Any]]
@@ -96,15 +97,30 @@ class Schedulers:
 
     def __init__(self) -> None:
         self._looked: dict[str, dt.datetime] = {}
+        self._quiet: set[str] = set()
+        """Schedulers ``gone_quiet`` has named since their last look."""
 
     def replaced(self, old: PodView, new: PodView, now: dt.datetime) -> None:
         """A pod's cached view was replaced: note its scheduler's look, if this was one."""
         name = old.awaiting_scheduler
         if name is not None and new.awaiting_scheduler is None and new.deletion_deadline is None:
             self._looked[name] = now
+            self._quiet.discard(name)
 
     def looked_at(self, name: str) -> dt.datetime | None:
         return self._looked.get(name)
+
+    def gone_quiet(self, now: dt.datetime, grace: float = SCHEDULER_GRACE_SECONDS) -> list[str]:
+        """The schedulers whose last look is ``grace`` seconds old, each named once per
+        look: the pods still awaiting one have waited long enough to be reported
+        (``state/gang.scheduler_wait``), and their owners are woken to say so."""
+        quiet = [
+            name
+            for name, at in self._looked.items()
+            if name not in self._quiet and (now - at).total_seconds() >= grace
+        ]
+        self._quiet.update(quiet)
+        return quiet
 
 
 class Tombstones:
@@ -262,6 +278,10 @@ class Caches:
 
     def pods_of_job(self, namespace: str, job: str) -> list[PodView]:
         return _values(self._pods, ("job", namespace, job))
+
+    def awaiting(self, scheduler: str) -> list[PodView]:
+        """The operator's pods that await ``scheduler`` (``PodView.awaiting_scheduler``)."""
+        return _values(self._pods, ("awaiting", scheduler))
 
     def leaders_of_job(self, namespace: str, job: str) -> list[PodView]:
         """Worker 0 of each of the job's slices, of any attempt (``listwatch.pod_keys``):

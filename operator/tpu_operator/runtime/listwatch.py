@@ -119,6 +119,9 @@ def pod_keys(view: PodView) -> Keys:
         keys[("node", view.node)] = view
     if view.pool:
         keys[("pool", view.pool)] = view
+    if view.awaiting_scheduler is not None:
+        # Whom to wake when that scheduler goes quiet (``Caches.awaiting``).
+        keys[("awaiting", view.awaiting_scheduler)] = view
     return keys
 
 

@@ -104,20 +104,27 @@ def scheduler_wait(
 ) -> tuple[str | None, float | None]:
     """What to say of pods no scheduler has looked at: (message, None) once they have
     waited ``SCHEDULER_GRACE_SECONDS``; (None, seconds until then) before; (None, None)
-    when a scheduler has looked at the attempt's pods.
+    when a scheduler has looked at the attempt's pods, or has looked at other pods of the
+    operator's since these were made.
 
     ``looked_at``: when the scheduler they name last looked at any pod of the operator's
     (``runtime/caches.Schedulers``). A scheduler working through a backlog of thousands
     of pods (a thousand jobs applied at once) reaches an attempt's pods minutes after they
     were made; while it keeps placing others, it runs, and the wait is counted from its
     last placement instead: "check that such a scheduler runs" would send people looking
-    for a fault that is none (and cost a status write per object)."""
+    for a fault that is none (and cost a status write per object). Nor does each waiting
+    object look again every ``SCHEDULER_GRACE_SECONDS`` while the scheduler works (at
+    1,000 jobs, 2.3 more reconciles per job and 3.1 per slice): the runtime wakes the
+    owners of the pods awaiting a scheduler once it has been quiet that long
+    (``Schedulers.gone_quiet``)."""
     if unseen is None:
         return None, None
     created = parse(unseen.created)
     since = created if looked_at is None or created is None else max(created, looked_at)
     quiet = (now - since).total_seconds() if since is not None else 0.0
     if quiet < SCHEDULER_GRACE_SECONDS:
+        if since is not created:  # the scheduler looked since: woken if it goes quiet
+            return None, None
         return None, SCHEDULER_GRACE_SECONDS - quiet
     waited = (now - created).total_seconds() if created is not None else quiet
     which = (

@@ -273,7 +273,7 @@ def facts(state: GangState, **fields: Any) -> SliceFacts:
             "0/2 workers ready",
             None,
             False,
-            20.0,
+            None,  # no recheck of its own: woken when the scheduler goes quiet
             id="starting-scheduler-busy-with-other-pods",
         ),
         pytest.param(
