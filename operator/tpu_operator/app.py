@@ -469,6 +469,7 @@ class Runtime:
         """What every replica runs, leader or standby: metrics and cache housekeeping."""
         if self.metrics_server is not None:
             await self.metrics_server.start()
+        self.caches.schedulers.watching(self.context.clock())
         self._housekeeping_task = asyncio.create_task(self._housekeeping(), name="housekeeping")
         self._trim_task = asyncio.create_task(self._trim(), name="trim")
         self.audit.start()  # a standby's caches must heal too
@@ -592,7 +593,7 @@ class Runtime:
         at no pod of the operator's for ``SCHEDULER_GRACE_SECONDS``: they report it
         (``NoScheduler``). While it keeps looking at others, none of them looks again on
         a timer of its own (``state/gang.scheduler_wait``)."""
-        for name in self.caches.schedulers.gone_quiet(now):
+        for name in self.caches.schedulers.gone_quiet(now, self.caches.awaited_schedulers):
             slices: set[tuple[str, str]] = set()
             jobs: set[tuple[str, str]] = set()
             for pod in self.caches.awaiting(name):

@@ -77,3 +77,30 @@ def test_a_scheduler_gone_quiet_is_named_once_per_look():
     schedulers.replaced(WAITING, bound, later)
     assert schedulers.gone_quiet(later + dt.timedelta(seconds=10)) == []
     assert schedulers.gone_quiet(later + dt.timedelta(seconds=31)) == ["default-scheduler"]
+
+
+def test_from_the_start_of_watching_every_scheduler_counts_as_having_looked():
+    """An operator (re)started in the middle of a backlog has seen no look yet: its pods'
+    wait counts from the start, and 30 s later the schedulers still awaited and not seen
+    looking since are named once."""
+    schedulers = Schedulers()
+    schedulers.watching(AT)
+    assert schedulers.looked_at("default-scheduler") == AT
+    assert schedulers.looked_at("volcano") == AT
+    bound = dataclasses.replace(WAITING, awaiting_scheduler=None, node="n1")
+    looked = AT + dt.timedelta(seconds=20)
+    schedulers.replaced(WAITING, bound, looked)  # default-scheduler works
+    awaited = ["default-scheduler", "volcano"].copy
+    assert schedulers.gone_quiet(AT + dt.timedelta(seconds=29), awaited) == []
+    assert schedulers.gone_quiet(AT + dt.timedelta(seconds=30), awaited) == ["volcano"]
+    assert schedulers.gone_quiet(AT + dt.timedelta(seconds=45), awaited) == []
+    assert schedulers.gone_quiet(looked + dt.timedelta(seconds=30), awaited) == [
+        "default-scheduler"
+    ]
+    # A look recorded before the start counts from the start.
+    early = Schedulers()
+    early.replaced(WAITING, bound, AT - dt.timedelta(seconds=60))
+    early.watching(AT)
+    assert early.looked_at("default-scheduler") == AT
+    assert early.gone_quiet(AT + dt.timedelta(seconds=10)) == []
+    assert early.gone_quiet(AT + dt.timedelta(seconds=30)) == ["default-scheduler"]

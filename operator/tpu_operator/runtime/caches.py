@@ -93,12 +93,22 @@ class Schedulers:
     """When each scheduler (by ``schedulerName``) last looked at a pod of the operator's:
     the moment a pod seen awaiting it was seen no longer awaiting it (bound, or marked
     unschedulable). Tells a scheduler working through a backlog from one that does not
-    run (``state/gang.scheduler_wait``)."""
+    run (``state/gang.scheduler_wait``).
+
+    Looks are seen only while the operator watches: from ``watching`` (its start) on,
+    every scheduler counts as having looked then, so that a restart in the middle of a
+    backlog does not report a busy scheduler as absent before it could see it look."""
 
     def __init__(self) -> None:
         self._looked: dict[str, dt.datetime] = {}
         self._quiet: set[str] = set()
         """Schedulers ``gone_quiet`` has named since their last look."""
+        self._since: dt.datetime | None = None
+        self._since_quiet = False
+
+    def watching(self, since: dt.datetime) -> None:
+        """The operator watches pods from ``since`` on."""
+        self._since, self._since_quiet = since, False
 
     def replaced(self, old: PodView, new: PodView, now: dt.datetime) -> None:
         """A pod's cached view was replaced: note its scheduler's look, if this was one."""
@@ -108,19 +118,37 @@ class Schedulers:
             self._quiet.discard(name)
 
     def looked_at(self, name: str) -> dt.datetime | None:
-        return self._looked.get(name)
+        """Its last look, or the start of ``watching`` if later (None: neither)."""
+        at, since = self._looked.get(name), self._since
+        return since if since is not None and (at is None or at < since) else at
 
-    def gone_quiet(self, now: dt.datetime, grace: float = SCHEDULER_GRACE_SECONDS) -> list[str]:
+    def _silent(self, name: str, now: dt.datetime) -> float:
+        """Seconds since ``looked_at(name)`` (0 when it has none)."""
+        at = self.looked_at(name)
+        return (now - at).total_seconds() if at is not None else 0.0
+
+    def gone_quiet(
+        self,
+        now: dt.datetime,
+        awaited: Callable[[], Iterable[str]] = list,
+        grace: float = SCHEDULER_GRACE_SECONDS,
+    ) -> list[str]:
         """The schedulers whose last look is ``grace`` seconds old, each named once per
-        look: the pods still awaiting one have waited long enough to be reported
-        (``state/gang.scheduler_wait``), and their owners are woken to say so."""
-        quiet = [
+        look: the pods still awaiting one have waited long enough to be reported, and
+        their owners are woken to say so. Once ``watching`` began ``grace`` seconds ago,
+        the schedulers ``awaited`` names that were not seen looking since are named too
+        (once)."""
+        quiet = {
             name
-            for name, at in self._looked.items()
-            if name not in self._quiet and (now - at).total_seconds() >= grace
-        ]
+            for name in self._looked
+            if name not in self._quiet and self._silent(name, now) >= grace
+        }
+        since = self._since
+        if since is not None and not self._since_quiet and (now - since).total_seconds() >= grace:
+            self._since_quiet = True
+            quiet.update(name for name in awaited() if name not in self._looked)
         self._quiet.update(quiet)
-        return quiet
+        return sorted(quiet)
 
 
 class Tombstones:
@@ -282,6 +310,11 @@ class Caches:
     def awaiting(self, scheduler: str) -> list[PodView]:
         """The operator's pods that await ``scheduler`` (``PodView.awaiting_scheduler``)."""
         return _values(self._pods, ("awaiting", scheduler))
+
+    def awaited_schedulers(self) -> list[str]:
+        """The schedulers some pod of the operator's awaits (a walk of the pod index's
+        keys: for the rare moment every scheduler counts as quiet, ``Schedulers``)."""
+        return [key[1] for key in list(self._pods) if key[0] == "awaiting"]
 
     def leaders_of_job(self, namespace: str, job: str) -> list[PodView]:
         """Worker 0 of each of the job's slices, of any attempt (``listwatch.pod_keys``):
