@@ -114,7 +114,7 @@ def scheduler_wait(
     last placement instead: "check that such a scheduler runs" would send people looking
     for a fault that is none (and cost a status write per object). Nor does each waiting
     object look again every ``SCHEDULER_GRACE_SECONDS`` while the scheduler works (at
-    1,000 jobs, 2.3 more reconciles per job and 3.1 per slice): the runtime wakes the
+    1,000 jobs, 1.3 more reconciles per job and 3.2 per slice): the runtime wakes the
     owners of the pods awaiting a scheduler once it has been quiet that long
     (``Schedulers.gone_quiet``)."""
     if unseen is None:
