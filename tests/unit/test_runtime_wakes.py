@@ -346,3 +346,7 @@ def test_the_owners_of_pods_awaiting_a_scheduler_gone_quiet_are_woken_once_per_l
     # Placed at last: nothing awaits the scheduler, and nothing is woken.
     store.put(identity_of(waiting), pod_view(pod("j-0-0", phase="Pending")))
     assert runtime.caches.awaiting("default-scheduler") == []
+    last = again + dt.timedelta(seconds=60)
+    runtime.caches.schedulers.replaced(awaited, pod_view(placed), last)
+    runtime.wake_awaiting(last + dt.timedelta(seconds=30))
+    assert len(runtime.slices.calls) == len(runtime.jobs.calls) == 2
