@@ -534,14 +534,18 @@ class Runtime:
         if not self.acting:
             return
         self.acting = False
-        for task in (self._resync_task, self._schedulers_task):
-            if task is not None:
-                task.cancel()
+        self._cancel_acting_tasks()
         await asyncio.gather(
             self.jobs.stop(), self.slices.stop(), self.sampler.stop(), self.events.stop()
         )
         if self.context.supervisors is not None:
             await self.context.supervisors.channel.close()
+
+    def _cancel_acting_tasks(self) -> None:
+        """Cancel the periodic tasks only the acting replica runs (``start``)."""
+        for task in (self._resync_task, self._schedulers_task):
+            if task is not None:
+                task.cancel()
 
     async def stop(self) -> None:
         for task in (self._housekeeping_task, self._trim_task):
@@ -552,9 +556,7 @@ class Runtime:
             await watch.stop()
         if self.acting:
             self.acting = False
-            for task in (self._resync_task, self._schedulers_task):
-                if task is not None:
-                    task.cancel()
+            self._cancel_acting_tasks()
             await self.sampler.stop()
             await self.jobs.stop()
             await self.slices.stop()

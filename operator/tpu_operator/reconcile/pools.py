@@ -234,12 +234,10 @@ def tpu_pools(ctx: Context) -> dict[str, PoolView]:
     return ctx.caches.from_nodes("pools", pools_from_nodes)
 
 
-def tpu_pools_by_shape(
-    ctx: Context, pools: dict[str, PoolView]
-) -> dict[ShapeKey, tuple[PoolView, ...]]:
-    """``pools`` (``tpu_pools``, of the same node snapshot) by shape, grouped and sorted
-    once per node change (shared: read only)."""
-    return ctx.caches.from_nodes("pools-by-shape", lambda _: pools_by_shape(pools))
+def tpu_pools_by_shape(ctx: Context) -> dict[ShapeKey, tuple[PoolView, ...]]:
+    """``tpu_pools`` by shape, grouped and sorted once per node change (shared: read
+    only)."""
+    return ctx.caches.from_nodes("pools-by-shape", lambda _: pools_by_shape(tpu_pools(ctx)))
 
 
 def holds_spares(body: Mapping[str, Any]) -> bool:
@@ -300,7 +298,7 @@ def choose_pools(ctx: Context, holder: str, requests: list[Request]) -> Allocati
     if others:
         requests = [replace(r, others=others) for r in requests]
     held = held_pools(ctx, exclude=holder, pools=pools)
-    allocation = allocate(requests, pools, held, tpu_pools_by_shape(ctx, pools))
+    allocation = allocate(requests, pools, held, tpu_pools_by_shape(ctx))
     if allocation.pools is not None:
         ctx.reservations.reserve(holder, allocation.pools)
     return allocation

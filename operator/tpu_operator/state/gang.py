@@ -120,10 +120,11 @@ def scheduler_wait(
     if unseen is None:
         return None, None
     created = parse(unseen.created)
-    since = created if looked_at is None or created is None else max(created, looked_at)
+    looked_since = looked_at is not None and created is not None and looked_at > created
+    since = looked_at if looked_since else created
     quiet = (now - since).total_seconds() if since is not None else 0.0
     if quiet < SCHEDULER_GRACE_SECONDS:
-        if since is not created:  # the scheduler looked since: woken if it goes quiet
+        if looked_since:  # woken when the scheduler goes quiet, not on a timer of its own
             return None, None
         return None, SCHEDULER_GRACE_SECONDS - quiet
     waited = (now - created).total_seconds() if created is not None else quiet
@@ -133,9 +134,7 @@ def scheduler_wait(
         else f"a scheduler named {unseen.scheduler!r} (spec.template.spec.schedulerName)"
     )
     stopped = (
-        f" (which last looked at a pod of the operator's {quiet:.0f} s ago)"
-        if since is not None and since != created
-        else ""
+        f" (which last looked at a pod of the operator's {quiet:.0f} s ago)" if looked_since else ""
     )
     return (
         f"no scheduler has looked at pod {unseen.pod} (or any other pod of this attempt) in "
