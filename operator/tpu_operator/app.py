@@ -48,6 +48,7 @@ from tpu_operator.runtime.events import EventRecorder
 from tpu_operator.runtime.kube import ApiError, Kube, RequestRecord, load_configuration
 from tpu_operator.runtime.leader import LeaderElector, LeaseSettings
 from tpu_operator.runtime.listwatch import NODES, PODS, Kind, ListWatch, OnEvent, Store
+from tpu_operator.runtime.loops import UVLOOP
 from tpu_operator.runtime.metrics import OperatorMetrics
 from tpu_operator.runtime.metrics_server import Gate, MetricsServer
 from tpu_operator.runtime.ownership import refile, slice_job_name
@@ -96,6 +97,8 @@ class OperatorConfig:
     gc_threshold: int = DEFAULT_THRESHOLD
     """Net allocations between two young-generation garbage collections
     (``runtime/collector.py``)."""
+    event_loop: str = UVLOOP
+    """The event loop the operator runs on: uvloop or asyncio (``runtime/loops.py``)."""
     audit_seconds: float = 60.0
     """Seconds between two audits of the watch caches against the API, besides the ones
     after every watch gap (``runtime/audit.py``)."""

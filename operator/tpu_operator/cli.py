@@ -13,6 +13,7 @@ from tpu_operator import __version__
 from tpu_operator.api.policy import Provisioning
 from tpu_operator.runtime import lease
 from tpu_operator.runtime.collector import DEFAULT_THRESHOLD
+from tpu_operator.runtime.loops import LOOPS
 
 if TYPE_CHECKING:
     from tpu_operator.runtime.leader import LeaseSettings
@@ -106,6 +107,13 @@ def _parser() -> argparse.ArgumentParser:
         help="net allocations between two young-generation garbage collections "
         "(CPython's default is 700, which cost the operator about a fifth of its CPU while "
         "it created a large job; 0 keeps CPython's settings)",
+    )
+    run.add_argument(
+        "--event-loop",
+        choices=LOOPS,
+        default=LOOPS[0],
+        help="the event loop: uvloop (libuv; about half the CPU per connection of "
+        "asyncio's own) or asyncio",
     )
     election = run.add_argument_group(
         "leader election",
@@ -305,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             reconcile_settle=args.reconcile_settle,
             reconcile_deadline=args.reconcile_deadline or None,
             gc_threshold=args.gc_threshold,
+            event_loop=args.event_loop,
             leader_election=leader_election,
             bind_address=args.bind_address,
             metrics_auth=args.metrics_auth,

@@ -28,7 +28,7 @@ from tpu_operator import contract
 from tpu_operator.app import OperatorConfig, Runtime
 from tpu_operator.builders.workload import KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL
 from tpu_operator.reconcile.cached import snapshot
-from tpu_operator.runtime import collector
+from tpu_operator.runtime import collector, loops
 from tpu_operator.runtime.kube import connection_info, load_configuration
 from tpu_operator.runtime.leader import LeaderElector
 
@@ -228,7 +228,12 @@ def run(config: OperatorConfig) -> int:
         kwargs["namespaces"] = config.namespaces
     else:
         kwargs["clusterwide"] = True
-    kopf.run(**kwargs)
+    factory, kind = loops.loop_factory(config.event_loop)
+    log.info("event loop: %s", kind)
+    # The runner closes the loop as asyncio.run does: what is left is cancelled, async
+    # generators and the default executor are shut down.
+    with asyncio.Runner(loop_factory=factory) as runner:
+        kopf.run(loop=runner.get_loop(), **kwargs)
     if memo.get(LOST_KEY):
         log.error("exiting: the leadership was lost (%s)", memo[LOST_KEY])
         return 1

@@ -223,6 +223,7 @@ def test_every_flag_of_the_operator_has_a_chart_value(helm: ReleaseHelm):
                 "reconcileMinIntervalSeconds": 0.25,
                 "reconcileSettleSeconds": 0,
                 "gcThreshold": 1000000,
+                "eventLoop": "asyncio",
             }
         }
     )
@@ -234,10 +235,12 @@ def test_every_flag_of_the_operator_has_a_chart_value(helm: ReleaseHelm):
         "--reconcile-min-interval=0.25",
         "--reconcile-settle=0",
         "--gc-threshold=1000000",
+        "--event-loop=asyncio",
     ):
         assert flag in args
     parsed = cli._parser().parse_args(args)  # the rendered arguments parse
     assert parsed.gc_threshold == 1_000_000 and parsed.reconcile_min_interval == 0.25
+    assert parsed.event_loop == "asyncio"
     spares = next(d for d in everything if d["kind"] == "Deployment")["spec"]["template"]["spec"][
         "containers"
     ][0]["args"]
