@@ -8,7 +8,10 @@ agent or kubelet work adds noise) are created and then deleted, at the same conc
 (32, the operator's default --api-concurrency), by each client in its own process:
 
 - ``kube``: ``tpu_operator.runtime.kube.Kube``, the operator's client: aiohttp on the
-  event loop with the official client's configuration, raw JSON (the baseline, ratio 1.0);
+  event loop with the official client's configuration, raw JSON (the baseline, ratio 1.0),
+  on asyncio's own loop (``--event-loop asyncio``);
+- ``kube-uvloop``: the same on uvloop's loop, as the operator runs by default
+  (``runtime/loops.py``);
 - ``threads-raw``: the official client's request path (``param_serialize``, ``call_api``,
   urllib3) in a 32-thread pool, raw JSON: the operator's client until 2026-12-07;
 - ``asyncio-raw``: ``kubernetes_asyncio`` (aiohttp, one event loop), raw JSON
@@ -46,7 +49,7 @@ from tpu_operator.builders.wiring import PodWiring
 
 NAMESPACE = "bench-client"
 CONCURRENCY = 32
-VARIANTS = ("kube", "threads-raw", "asyncio-raw", "asyncio-models", "threads-models")
+VARIANTS = ("kube", "kube-uvloop", "threads-raw", "asyncio-raw", "asyncio-models", "threads-models")
 WARMUP = 16
 
 
@@ -218,7 +221,7 @@ async def threads_client(kubeconfig: str) -> tuple[Phase, Phase, Callable[[], No
 
 
 async def child(variant: str, kubeconfig: str, count: int) -> dict[str, float]:
-    if variant == "kube":
+    if variant in ("kube", "kube-uvloop"):
         create, delete, close = await kube_client(kubeconfig)
     elif variant == "threads-raw":
         create, delete, close = await threads_raw_client(kubeconfig)
@@ -321,7 +324,13 @@ def main() -> None:
     parser.add_argument("--kubeconfig", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(asyncio.run(child(args.child, args.kubeconfig, args.pods))))
+        work = child(args.child, args.kubeconfig, args.pods)
+        if args.child == "kube-uvloop":
+            import uvloop
+
+            print(json.dumps(uvloop.run(work)))
+        else:
+            print(json.dumps(asyncio.run(work)))
         return
     reps = 2 if args.quick and args.reps == 8 else args.reps
     pools = [harness.Pool(name="cpu", vms=1)]

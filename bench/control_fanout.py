@@ -1,8 +1,14 @@
 """The control channel's fan-out: one stop and one start to each of N supervisors, as an
-in-place or mixed restart sends them, with the operator's client
-(``runtime/control.ControlChannel``: plain HTTP/1.1 on asyncio streams) against the same
-channel with aiohttp's client for its transport (a connection per request, as the channel
-was before: ``AiohttpChannel``) side by side, interleaved, in one run.
+in-place or mixed restart sends them, side by side, interleaved, in one run:
+
+- ``uvloop``: the operator's client (``runtime/control.ControlChannel``: plain HTTP/1.1 on
+  asyncio streams) on uvloop's event loop, as the operator runs by default
+  (``runtime/loops.py``);
+- ``channel``: the same client on asyncio's own loop (``--event-loop asyncio``);
+- ``aiohttp``: the channel with aiohttp's client for its transport (a connection per
+  request, as the channel was before: ``AiohttpChannel``), on asyncio's loop.
+
+Each variant's rounds run in an event loop of their own kind, made for them.
 
 The supervisors are the benchmarks' stand-in (``standin_supervisor.StandIn``: the real
 supervisor's protocol, HMAC-verified and signed answers) in a process of their own, each
@@ -33,7 +39,10 @@ from tpu_operator.runtime import control
 
 JOB_UID = "bench-job-uid"
 MASTER = b"bench-control-fanout-master-key!"
-VARIANTS = ("channel", "aiohttp")
+VARIANTS = ("uvloop", "channel", "aiohttp")
+"""The operator's channel on uvloop (as the operator runs by default), the same on
+asyncio's loop, and the channel with aiohttp's client on asyncio's loop (as it was before
+the channel had its own transport)."""
 
 
 def address(i: int) -> str:
@@ -153,41 +162,49 @@ async def round_of(count: int, send: Send, attempt: int) -> tuple[float, float, 
     return time.monotonic() - started, cpu() - used, len(errors)
 
 
-async def measure(count: int, reps: int) -> dict[str, object]:
-    channels = {"channel": control.ControlChannel(MASTER), "aiohttp": AiohttpChannel(MASTER)}
-    senders: dict[str, tuple[Send, Send]] = {
-        name: (
-            lambda i, a, c=c: c.stop(JOB_UID, f"uid-{i}", address(i), a, 25.0),
-            lambda i, a, c=c: c.start(JOB_UID, f"uid-{i}", address(i), a, {}),
+def channel_of(variant: str) -> control.ControlChannel:
+    return AiohttpChannel(MASTER) if variant == "aiohttp" else control.ControlChannel(MASTER)
+
+
+def loop_of(variant: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop a variant's rounds run on (None: asyncio's own)."""
+    if variant != "uvloop":
+        return None
+    import uvloop
+
+    return uvloop.new_event_loop
+
+
+async def rep_of(variant: str, count: int, attempt: int) -> tuple[float, float, float, float]:
+    """One round of stops and one of starts to every supervisor, on a channel made in the
+    running loop: wall and CPU seconds of each."""
+    channel = channel_of(variant)
+    try:
+        stop_s, stop_cpu, stop_errors = await round_of(
+            count, lambda i, a: channel.stop(JOB_UID, f"uid-{i}", address(i), a, 25.0), attempt
         )
-        for name, c in channels.items()
-    }
+        start_s, start_cpu, start_errors = await round_of(
+            count, lambda i, a: channel.start(JOB_UID, f"uid-{i}", address(i), a, {}), attempt + 1
+        )
+    finally:
+        await channel.close()
+    if stop_errors or start_errors:
+        raise SystemExit(f"{variant}: requests failed; see above")
+    return stop_s, stop_cpu, start_s, start_cpu
+
+
+def measure(count: int, reps: int) -> dict[str, object]:
+    """Every variant once per repetition, in turn (the order reversed every other time),
+    each in an event loop of its own kind."""
     figures: dict[str, dict[str, list[float]]] = {
         v: {"stop_s": [], "start_s": [], "cpu_ms": []} for v in VARIANTS
     }
-    try:
-        await rounds(senders, figures, count, reps)
-    finally:
-        for each in channels.values():
-            await each.close()
-    return {v: {k: summary(values) for k, values in f.items()} for v, f in figures.items()}
-
-
-async def rounds(
-    senders: dict[str, tuple[Send, Send]],
-    figures: dict[str, dict[str, list[float]]],
-    count: int,
-    reps: int,
-) -> None:
     attempt = 1
     for rep in range(reps):
         for variant in VARIANTS if rep % 2 == 0 else tuple(reversed(VARIANTS)):
-            stop, start = senders[variant]
-            stop_s, stop_cpu, stop_errors = await round_of(count, stop, attempt)
-            start_s, start_cpu, start_errors = await round_of(count, start, attempt + 1)
+            with asyncio.Runner(loop_factory=loop_of(variant)) as runner:
+                stop_s, stop_cpu, start_s, start_cpu = runner.run(rep_of(variant, count, attempt))
             attempt += 1
-            if stop_errors or start_errors:
-                raise SystemExit(f"{variant}: requests failed; see above")
             figures[variant]["stop_s"].append(stop_s)
             figures[variant]["start_s"].append(start_s)
             figures[variant]["cpu_ms"].append((stop_cpu + start_cpu) * 1000 / (2 * count))
@@ -195,6 +212,7 @@ async def rounds(
                 f"rep {rep + 1} {variant}: stops {stop_s:.2f} s, starts {start_s:.2f} s, "
                 f"{figures[variant]['cpu_ms'][-1]:.3f} ms CPU per request"
             )
+    return {v: {k: summary(values) for k, values in f.items()} for v, f in figures.items()}
 
 
 def main() -> None:
@@ -216,7 +234,7 @@ def main() -> None:
         assert server.stdout is not None
         if server.stdout.readline().strip() != "ready":
             raise SystemExit("the stand-in supervisors did not start")
-        results = asyncio.run(measure(args.supervisors, args.reps))
+        results = measure(args.supervisors, args.reps)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(30)
@@ -226,16 +244,21 @@ def main() -> None:
         ("stop_s", "stops (s)"),
         ("start_s", "starts (s)"),
     ):
-        ours, general = results["channel"][key], results["aiohttp"][key]  # type: ignore[index]
+        median = {v: results[v][key]["median"] for v in VARIANTS}  # type: ignore[index]
         rows.append(
             [
                 what,
-                fmt(ours["median"], 3),
-                fmt(general["median"], 3),
-                fmt(ours["median"] / general["median"], 2),
+                *(fmt(median[v], 3) for v in VARIANTS),
+                fmt(median["uvloop"] / median["channel"], 2),
+                fmt(median["channel"] / median["aiohttp"], 2),
             ]
         )
-    print(table(["figure (median)", "channel", "aiohttp", "channel / aiohttp"], rows))
+    print(
+        table(
+            ["figure (median)", *VARIANTS, "uvloop / channel", "channel / aiohttp"],
+            rows,
+        )
+    )
     write_results(
         "control_fanout", {"supervisors": args.supervisors, "reps": args.reps, "results": results}
     )
