@@ -112,8 +112,8 @@ def _parser() -> argparse.ArgumentParser:
         "--event-loop",
         choices=LOOPS,
         default=LOOPS[0],
-        help="the event loop: uvloop (libuv; about half the CPU per connection of "
-        "asyncio's own) or asyncio",
+        help="the event loop: uvloop (libuv; 0.8-0.9x the CPU per request of asyncio's "
+        "own) or asyncio",
     )
     election = run.add_argument_group(
         "leader election",
