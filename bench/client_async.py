@@ -46,6 +46,7 @@ from harness import say, spread, summary
 from tpu_operator import catalog, contract
 from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
 from tpu_operator.builders.wiring import PodWiring
+from tpu_operator.runtime import loops
 
 NAMESPACE = "bench-client"
 CONCURRENCY = 32
@@ -324,13 +325,13 @@ def main() -> None:
     parser.add_argument("--kubeconfig", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        work = child(args.child, args.kubeconfig, args.pods)
-        if args.child == "kube-uvloop":
-            import uvloop
-
-            print(json.dumps(uvloop.run(work)))
-        else:
-            print(json.dumps(asyncio.run(work)))
+        # kube-uvloop: uvloop's loop, chosen as the operator chooses its own.
+        wanted = loops.UVLOOP if args.child == "kube-uvloop" else loops.ASYNCIO
+        factory, kind = loops.loop_factory(wanted)
+        if kind != wanted:
+            raise SystemExit("uvloop cannot be imported here (`make venv` installs it)")
+        with asyncio.Runner(loop_factory=factory) as runner:
+            print(json.dumps(runner.run(child(args.child, args.kubeconfig, args.pods))))
         return
     reps = 2 if args.quick and args.reps == 8 else args.reps
     pools = [harness.Pool(name="cpu", vms=1)]

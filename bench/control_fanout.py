@@ -35,7 +35,7 @@ import aiohttp
 from harness import fmt, say, summary, table, write_results
 
 from tpu_operator import supervision
-from tpu_operator.runtime import control
+from tpu_operator.runtime import control, loops
 
 JOB_UID = "bench-job-uid"
 MASTER = b"bench-control-fanout-master-key!"
@@ -166,13 +166,14 @@ def channel_of(variant: str) -> control.ControlChannel:
     return AiohttpChannel(MASTER) if variant == "aiohttp" else control.ControlChannel(MASTER)
 
 
-def loop_of(variant: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The event loop a variant's rounds run on (None: asyncio's own)."""
-    if variant != "uvloop":
-        return None
-    import uvloop
-
-    return uvloop.new_event_loop
+def loop_of(variant: str) -> loops.LoopFactory | None:
+    """The event loop a variant's rounds run on, chosen as the operator chooses its own
+    (``loops.loop_factory``; None: asyncio's)."""
+    wanted = loops.UVLOOP if variant == "uvloop" else loops.ASYNCIO
+    factory, kind = loops.loop_factory(wanted)
+    if kind != wanted:
+        raise SystemExit(f"{variant}: uvloop cannot be imported here (`make venv` installs it)")
+    return factory
 
 
 async def rep_of(variant: str, count: int, attempt: int) -> tuple[float, float, float, float]:
