@@ -470,7 +470,7 @@ def main() -> None:
                     variants.remove("jobset")
             pc = pod_creation.Bench(cluster, None, operator, controller)  # type: ignore[arg-type]
             bench = Bench(pc, None)  # type: ignore[arg-type]
-            asyncio.run(drive(bench, master, variants, sizes, args.reps))
+            hosts_loop = harness.run_hosts(drive(bench, master, variants, sizes, args.reps))
         finally:
             if controller is not None:
                 controller.stop()
@@ -487,6 +487,7 @@ def main() -> None:
                 "reps": args.reps,
                 "variants": variants,
                 "readiness": "stand-in prober reacts at once (a kubelet: within 1 s)",
+                "stand_in_loop": hosts_loop,
                 "jobset_version": pod_creation.jobset.VERSION,
             },
             "jobset": outcome["jobset"],

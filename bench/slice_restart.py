@@ -720,7 +720,7 @@ def main() -> None:
                 if controller is None:
                     variants.remove("jobset")
             bench = Bench(None, None, operator, cluster, controller, profile=args.profile)  # type: ignore[arg-type]
-            asyncio.run(drive(bench, master, variants, sizes, args.reps))
+            hosts_loop = harness.run_hosts(drive(bench, master, variants, sizes, args.reps))
         finally:
             if controller is not None:
                 controller.stop()
@@ -741,6 +741,7 @@ def main() -> None:
                 "node_monitor_grace_period": grace,
                 "fault": "DELETE of worker 32's pod of the middle slice (default grace)",
                 "readiness": "stand-in prober reacts at once (a kubelet: within 1 s)",
+                "stand_in_loop": hosts_loop,
                 "jobset_version": jobset.VERSION,
             },
             "jobset": outcome["jobset"],
