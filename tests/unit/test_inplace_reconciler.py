@@ -744,6 +744,25 @@ def test_a_pod_lost_in_one_slice_recreates_that_slice_and_restarts_the_other_in_
     assert {n: p["metadata"]["uid"] for n, p in cluster.pods("j").items() if n in kept} == kept
 
 
+def test_a_mixed_restart_writes_the_slice_it_recreates_before_those_it_keeps():
+    """The recreated slice is the restart's critical path (its pods are deleted and made
+    again): its record is written, and answered, before any kept slice's is sent."""
+    cluster, channel = supervised_cluster()
+    running_job(cluster, channel, slices=3)
+    cluster.clear_requests()
+    cluster.evict_pod("j-1-0")
+    cluster.settle()
+    assert cluster.job("j")["status"]["recreatedSlices"] == [1]
+    slice_writes = [
+        r.path.rsplit("/", 1)[-1]
+        for r in cluster.requests
+        if r.verb == "PATCH"
+        and f"/{contract.SLICE_PLURAL}/" in r.path
+        and not r.path.endswith("/status")
+    ]
+    assert slice_writes[:3] == ["j-1", "j-0", "j-2"], slice_writes
+
+
 def test_a_slice_that_keeps_failing_on_its_pool_is_recreated_on_another():
     cluster, channel = supervised_cluster()
     uids = running_job(cluster, channel, slices=2, maxRestarts=10, maxSliceFailuresPerPool=2)

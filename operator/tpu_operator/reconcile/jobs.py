@@ -649,7 +649,12 @@ class JobRun:
         # All slices at once, not one after the other: each slice's pods are created as
         # soon as the slice is, and one slice POST at a time would wait behind the pods
         # of the slices before it in the client's queue, leaving it idle between slices.
+        # Except in a mixed restart: the slices it recreates are the restart's critical
+        # path (their pods are deleted and created again; the kept slices only record that
+        # they carry theirs), so they are written first, and their reconciles queue ahead
+        # of the kept slices'.
         writes: list[Awaitable[Any]] = []
+        first: list[Awaitable[Any]] = []
         for index in range(facts.spec.num_slices):
             current = facts.slices.get(index)
             current_spec = (current or {}).get("spec") or {}
@@ -677,16 +682,17 @@ class JobRun:
                 world=world,
                 gke_slice=gke_slices[index] if index < len(gke_slices) else None,
             )
+            queue = first if moving_in_place and index in recreated else writes
             if current is None:
-                writes.append(self.ctx.kube.create(_slices_path(facts.namespace), desired))
+                queue.append(self.ctx.kube.create(_slices_path(facts.namespace), desired))
                 continue
             patch = slice_patch(desired, current, placement=plan.status.fallback is not None)
             if patch:
                 path = _slices_path(facts.namespace, desired["metadata"]["name"])
-                writes.append(self.ctx.kube.merge_patch(path, patch))
+                queue.append(self.ctx.kube.merge_patch(path, patch))
         key = (facts.namespace, facts.name)
         try:
-            await send_all(writes)
+            await send_all(first, writes)
         except ApiError as exc:
             if exc.status == 429 or exc.status >= 500 or exc.not_found:
                 raise  # the apiserver's own trouble, or a slice just deleted: back off

@@ -378,14 +378,18 @@ class Kube:
             query["continue"] = token
 
 
-async def send_all(requests: Iterable[Awaitable[Any]]) -> None:
-    """Send every request at once (the client's semaphore bounds how many are in flight),
-    wait for each answer, then raise the first failure. Every request is sent whatever
-    the others answer, so one refusal does not leave the rest unsent until a retry."""
-    results = await asyncio.gather(*requests, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
+async def send_all(*groups: Iterable[Awaitable[Any]]) -> None:
+    """Send every request of a group at once (the client's semaphore bounds how many are
+    in flight) and wait for each answer, then the next group's (an earlier group's requests
+    wait behind none of a later one's, in the client's queue or the apiserver's); then
+    raise the first failure. Every request is sent whatever the others
+    answer, so one refusal does not leave the rest unsent until a retry."""
+    failures: list[BaseException] = []
+    for requests in groups:
+        results = await asyncio.gather(*requests, return_exceptions=True)
+        failures.extend(r for r in results if isinstance(r, BaseException))
+    if failures:
+        raise failures[0]
 
 
 def _transport_error(exc: BaseException, timeout: float) -> tuple[str, str]:
