@@ -106,6 +106,11 @@ class TrackedWatch(Watch):
         return Watch.nth(firsts, count)
 
 
+READY_CHECK_EVERY = 0.1
+"""At most one walk of every pod's timeline (``all_ready_at``) per 0.1 s while waiting: its
+figure is the latest recorded time, whenever the walk finds it."""
+
+
 def ready_since(
     events: list[tuple[float, str | None, bool]], start: float, value: str
 ) -> float | None:
@@ -233,7 +238,10 @@ async def trial_inplace(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
         lambda: jobs.phase_at(name, "Running", failed, attempt=2), TIMEOUT, f"{name} attempt 2"
     )
     await pods.wait(
-        lambda: all_ready_at(standin, pods, name, hosts, 2), TIMEOUT, f"{name} attempt 2 Ready"
+        lambda: all_ready_at(standin, pods, name, hosts, 2),
+        TIMEOUT,
+        f"{name} attempt 2 Ready",
+        every=READY_CHECK_EVERY,
     )
     done = all_ready_at(standin, pods, name, hosts, 2)
     job_running = jobs.phase_at(name, "Running", failed, attempt=2)

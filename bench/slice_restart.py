@@ -342,6 +342,7 @@ async def trial_supervised(
             lambda: ip.all_ready_at(standin, pods, name, hosts, 2),
             limit,
             f"{name} attempt 2 Ready",
+            every=ip.READY_CHECK_EVERY,
         )
     finally:  # a trial that times out leaves no py-spy attached
         for profiler in profilers:
