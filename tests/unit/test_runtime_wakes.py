@@ -350,3 +350,46 @@ def test_the_owners_of_pods_awaiting_a_scheduler_gone_quiet_are_woken_once_per_l
     runtime.caches.schedulers.replaced(awaited, pod_view(placed), last)
     runtime.wake_awaiting(last + dt.timedelta(seconds=30))
     assert len(runtime.slices.calls) == len(runtime.jobs.calls) == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "slice_name", "urgent"),
+    [
+        ({"phase": "Starting", "restartKind": "Mixed", "recreatedSlices": [1]}, "j-1", True),
+        ({"phase": "Running", "restartKind": "Mixed", "recreatedSlices": [1]}, "j-1", False),
+        ({"phase": "Starting", "restartKind": "InPlace"}, "j-1", False),
+        ({"phase": "Starting", "restartKind": "Mixed", "recreatedSlices": [1]}, "j-0", False),
+        ({"phase": "Starting", "restartKind": "Recreate"}, "j-1", False),
+    ],
+    ids=["mixed, recreated slice", "job Running", "in place", "a kept slice", "recreation"],
+)
+def test_the_last_pod_of_a_recreated_slice_to_run_lifts_the_in_place_barrier_at_once(
+    tmp_path: Path, status: dict[str, Any], slice_name: str, urgent: bool
+) -> None:
+    # A mixed restart starts every process of the attempt once the recreated slices' new
+    # pods run; they do not turn ready before that start (their supervisors wait for it),
+    # so the event that makes the last one run is what the job must not settle.
+    indexes = owners(attempt=2)
+    indexes["jobs"][("job", "ml", "j")][0]["status"].update(status)
+    runtime = started(tmp_path / "kubeconfig", indexes)
+    store = runtime.pod_watch.store
+    index = slice_name.rsplit("-", 1)[1]
+    bodies = [pod(f"j-{index}-{i}", phase="Pending") for i in range(2)]
+    for i, body in enumerate(bodies):
+        labels = body["metadata"]["labels"]
+        labels[contract.LABEL_SLICE_NAME] = slice_name
+        labels[contract.LABEL_RESTART_ATTEMPT] = "2"
+        labels[contract.LABEL_WORKER_INDEX] = str(i)
+        labels[contract.LABEL_SLICE_INDEX] = index
+        store.put(identity_of(body), pod_view(body))
+    assert runtime.caches.unstarted_in_slice("ml", slice_name, 2) == 2
+    seen = []
+    for i, body in enumerate(bodies):
+        body["status"].update(phase="Running", podIP=f"10.0.0.{i + 1}")
+        view = pod_view(body)
+        store.put(identity_of(body), view)
+        runtime.pod_event("MODIFIED", view)
+        seen.append(runtime.jobs.calls[-1][1])
+    assert runtime.caches.unstarted_in_slice("ml", slice_name, 2) == 0
+    assert runtime.caches.unready_in_slice("ml", slice_name, 2) == 2  # none is ready
+    assert seen == [False, urgent]

@@ -7,8 +7,11 @@ urgent; any other is routine progress (``runtime/workqueue.WorkQueue.settle``), 
 the stops and deletions of an attempt the job has left, but for its last pod, whose
 deletion lifts the gang's barrier for every slice of the job. The event that makes the
 last pod of one slice of a job ready is not routine for that slice: it moves the slice's
-phase. Owners that are gone or being deleted are not woken: while a deleted job's thousands
-of pods go, each of their events would otherwise be a reconcile.
+phase. In a mixed restart, the event that makes the last pod of a recreated slice run
+(its supervisor waiting for the start, so not ready) is urgent for the job: it may lift
+the in-place barrier, after which the job starts every process of the attempt. Owners
+that are gone or being deleted are not woken: while a deleted job's thousands of pods go,
+each of their events would otherwise be a reconcile.
 
 ``pod_wake`` and ``node_wake`` decide from the caches; the runtime enqueues what they say.
 """
@@ -19,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpu_operator.api.status import Phase
+from tpu_operator.api.status import Phase, RestartKind
 from tpu_operator.runtime.caches import Caches
 from tpu_operator.state.gang import may_end_attempt
 from tpu_operator.state.views import NodeView, PodView
@@ -88,6 +91,24 @@ def _completes_slice(caches: Caches, view: PodView) -> bool:
     )
 
 
+def _lifts_in_place_barrier(caches: Caches, view: PodView) -> bool:
+    """Whether ``view`` runs, not ready, and is the last pod of its slice to run, where its
+    job's mixed restart recreates that slice for ``view``'s attempt and has not reached
+    Running: the job may start the attempt's processes now (``reconcile/supervisors.py``),
+    though no pod turned ready (the new pods' supervisors wait for that start)."""
+    if view.phase != "Running" or not view.pod_ip or view.deleting or view.ready:
+        return False
+    if not _none_left(caches.unstarted_in_slice(view.namespace, view.slice_name, view.attempt)):
+        return False
+    status = (caches.job(view.namespace, view.job_name) or {}).get("status") or {}
+    return (
+        status.get("attempt") == view.attempt
+        and status.get("phase") != Phase.RUNNING
+        and status.get("restartKind") == RestartKind.MIXED
+        and view.slice_index in (status.get("recreatedSlices") or ())
+    )
+
+
 def _owners(
     caches: Caches, pod: PodView, *, urgent: bool, routine: bool, slice_routine: bool
 ) -> Wake:
@@ -117,6 +138,8 @@ def pod_wake(caches: Caches, type: str | None, view: PodView) -> Wake:
     urgent = type == "DELETED" or may_end_attempt(view) or _completes(caches, view)
     if urgent and not last and _left_behind(caches, view):
         urgent = False
+    if not urgent and view.job_owned and type is not None:
+        urgent = _lifts_in_place_barrier(caches, view)
     # The last pod of one slice of a multislice job became ready: the slice says it is
     # Running now, not after a slice of an N-slice job's longer settle time (up to 10 s);
     # its job, still waiting for other slices, takes it as routine progress.

@@ -343,6 +343,12 @@ class Caches:
         mapping (unit tests' indexes)."""
         return self._unready(("unready-slice", namespace, slice_name), attempt)
 
+    def unstarted_in_slice(self, namespace: str, slice_name: str, attempt: int) -> int | None:
+        """How many cached pods of ``attempt`` in a job's slice are neither ready nor
+        finished and have no running container (not Running, or no IP yet); None when the
+        pods are a plain mapping (unit tests' indexes)."""
+        return self._unready(("unstarted-slice", namespace, slice_name), attempt)
+
     def _unready(self, group: tuple[str, str, str], attempt: int) -> int | None:
         """The pod store's count of ``attempt`` in an unready group (``pod_tally``)."""
         counts = getattr(self._pods, "counts", None)

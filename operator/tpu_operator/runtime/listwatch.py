@@ -133,7 +133,11 @@ def pod_tally(view: PodView) -> Tallied:
       slice) with its attempt (``Caches.unready_pods``), and a job's pod under its slice
       too (``Caches.unready_in_slice``): the event that makes the last pod of a gang, or
       of one slice of a job, ready is then told from the others in O(1)
-      (``Runtime.pod_event``).
+      (``Runtime.pod_event``);
+    - a job's pod whose container does not run yet (not Running, or no IP) under its slice
+      with its attempt (``Caches.unstarted_in_slice``): in a mixed restart the event that
+      makes the last pod of a recreated slice run lifts the in-place barrier, though
+      nothing turns ready (``reconcile/wakes.py``).
     """
     if not view.own:
         return ()
@@ -143,11 +147,15 @@ def pod_tally(view: PodView) -> Tallied:
         return ()
     unready = (("unready", view.namespace, view.job_name), view.attempt)
     if view.job_owned:
-        return (
+        tallied: Tallied = (
             (("job", view.namespace, view.job_name), view.attempt),
             unready,
             (("unready-slice", view.namespace, view.slice_name), view.attempt),
         )
+        if view.phase != "Running" or not view.pod_ip:
+            unstarted = (("unstarted-slice", view.namespace, view.slice_name), view.attempt)
+            tallied = (*tallied, unstarted)
+        return tallied
     return (unready,)
 
 
