@@ -233,6 +233,7 @@ async def trial_inplace(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
     await standin.wait(lambda: standin.serving(name) == hosts, TIMEOUT, f"{name} served")
     await asyncio.sleep(SETTLE)
     before, cpu, mark = operator_counters(bench.operator), bench.operator.cpu(), len(standin.events)
+    harness.freeze_heap()
     failed = standin.fail(victim_of(name, hosts))
     await jobs.wait(
         lambda: jobs.phase_at(name, "Running", failed, attempt=2), TIMEOUT, f"{name} attempt 2"
@@ -303,6 +304,7 @@ async def trial_recreate(bench: Bench, hosts: int, rep: int) -> dict[str, Any]:
     pods, jobs, _ = await start_job(bench, name, hosts, "Recreate")
     await asyncio.sleep(SETTLE)
     before, cpu = operator_counters(bench.operator), bench.operator.cpu()
+    harness.freeze_heap()
     failed = await pod_creation.kill(bench.pc, NAMESPACE, victim_of(name, hosts))
     await pods.wait(lambda: pods.running_at(ATTEMPT, "2", hosts), TIMEOUT, f"{name} attempt 2")
     await jobs.wait(

@@ -334,6 +334,7 @@ async def trial_supervised(
         for pid, what in ((bench.operator.pid, "operator"), (os.getpid(), "bench")):
             profilers.append(await harness.profile(pid, bench.profile, f"{name}-{what}.txt"))
     try:
+        harness.freeze_heap()
         if in_place:
             failed = standin.fail(victim_pod(name, hosts))
         else:
@@ -416,6 +417,7 @@ async def trial_recreate(bench: Bench, hosts: int, rep: int, limit: float) -> di
     await asyncio.sleep(SETTLE)
     before_uids = pods.alive_by_slice()
     before, cpu = ip.operator_counters(bench.operator), bench.operator.cpu()
+    harness.freeze_heap()
     failed = await lose_pod(bench.api, NAMESPACE, victim_pod(name, hosts))
     await jobs.wait(
         lambda: jobs.phase_at(name, "Running", failed, attempt=2), limit, f"{name} attempt 2"
@@ -515,6 +517,7 @@ async def trial_jobset(bench: Bench, hosts: int, rep: int, limit: float) -> dict
         if s.labels.get(JOBSET_INDEX) == lost and s.labels.get(COMPLETION_INDEX) == index
     )
     cpu = jobset_cpu(bench)
+    harness.freeze_heap()
     failed = await lose_pod(bench.api, JOBSET_NAMESPACE, victim)
     await pods.wait(lambda: pods.at("running", "1", hosts), limit, f"{name} attempt 2 Running")
     running = pods.at("running", "1", hosts)
