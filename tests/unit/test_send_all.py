@@ -4,6 +4,7 @@ sent; every request sent whatever the others answer; the first failure raised af
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable
 
 import pytest
@@ -46,3 +47,21 @@ def test_one_group_sends_everything_at_once():
     asyncio.run(send_all(request(n) for n in ("x", "y", "z")))
     assert log[:3] == ["sent x", "sent y", "sent z"]
     assert len(log) == 6
+
+
+def test_cancelled_it_closes_the_requests_of_the_groups_not_yet_sent():
+    async def request() -> None:
+        await asyncio.sleep(10)
+
+    later = [request(), request()]
+
+    async def main() -> None:
+        task = asyncio.create_task(send_all([request()], later))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    # Closed, never started: no "coroutine was never awaited" warning when collected.
+    assert [inspect.getcoroutinestate(c) for c in later] == [inspect.CORO_CLOSED] * 2

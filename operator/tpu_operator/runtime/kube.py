@@ -20,6 +20,7 @@ so no request waits for a socket.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -382,12 +383,19 @@ async def send_all(*groups: Iterable[Awaitable[Any]]) -> None:
     """Send every request of a group at once (the client's semaphore bounds how many are
     in flight) and wait for each answer, then the next group's (an earlier group's requests
     wait behind none of a later one's, in the client's queue or the apiserver's); then
-    raise the first failure. Every request is sent whatever the others
-    answer, so one refusal does not leave the rest unsent until a retry."""
+    raise the first failure. Every request is sent whatever the others answer, so one
+    refusal does not leave the rest unsent until a retry. Cancelled, it closes the
+    requests of the groups not yet sent (coroutines never awaited would be warned of)."""
+    waiting = [list(requests) for requests in groups]
     failures: list[BaseException] = []
-    for requests in groups:
-        results = await asyncio.gather(*requests, return_exceptions=True)
-        failures.extend(r for r in results if isinstance(r, BaseException))
+    try:
+        while waiting:
+            results = await asyncio.gather(*waiting.pop(0), return_exceptions=True)
+            failures.extend(r for r in results if isinstance(r, BaseException))
+    finally:
+        for request in (r for requests in waiting for r in requests):
+            if inspect.iscoroutine(request):
+                request.close()
     if failures:
         raise failures[0]
 
