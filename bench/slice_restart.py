@@ -324,6 +324,7 @@ async def trial_supervised(
     await asyncio.sleep(SETTLE)
     lost = "" if in_place else str(victim_slice(hosts))
     before_uids = pods.alive_by_slice()
+    harness.freeze_heap()  # before the profiles start: the collection is not the restart's
     before, cpu, mark = (
         ip.operator_counters(bench.operator),
         bench.operator.cpu(),
@@ -334,7 +335,6 @@ async def trial_supervised(
         for pid, what in ((bench.operator.pid, "operator"), (os.getpid(), "bench")):
             profilers.append(await harness.profile(pid, bench.profile, f"{name}-{what}.txt"))
     try:
-        harness.freeze_heap()
         if in_place:
             failed = standin.fail(victim_pod(name, hosts))
         else:
