@@ -96,7 +96,7 @@ def _lifts_in_place_barrier(caches: Caches, view: PodView) -> bool:
     job's mixed restart recreates that slice for ``view``'s attempt and has not reached
     Running: the job may start the attempt's processes now (``reconcile/supervisors.py``),
     though no pod turned ready (the new pods' supervisors wait for that start)."""
-    if view.phase != "Running" or not view.pod_ip or view.deleting or view.ready:
+    if not view.addressed or view.deleting or view.ready:
         return False
     if not _none_left(caches.unstarted_in_slice(view.namespace, view.slice_name, view.attempt)):
         return False

@@ -152,7 +152,7 @@ def pod_tally(view: PodView) -> Tallied:
             unready,
             (("unready-slice", view.namespace, view.slice_name), view.attempt),
         )
-        if view.phase != "Running" or not view.pod_ip:
+        if not view.addressed:
             unstarted = (("unstarted-slice", view.namespace, view.slice_name), view.attempt)
             tallied = (*tallied, unstarted)
         return tallied

@@ -274,11 +274,7 @@ def round_targets(
 def _readable(pods: list[PodView], attempt: int) -> list[PodView]:
     """The pods of ``attempt`` that may serve metrics now: Running, with an IP, and not
     being deleted."""
-    return [
-        p
-        for p in pods
-        if p.attempt == attempt and p.phase == "Running" and p.pod_ip and not p.deleting
-    ]
+    return [p for p in pods if p.attempt == attempt and p.addressed and not p.deleting]
 
 
 def monitoring_of(job: dict[str, Any]) -> Monitoring | None:

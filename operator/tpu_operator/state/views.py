@@ -210,6 +210,11 @@ class PodView:
         return self.phase in ("Succeeded", "Failed")
 
     @property
+    def addressed(self) -> bool:
+        """Its container runs where it can be reached: Running, with an IP."""
+        return self.phase == "Running" and bool(self.pod_ip)
+
+    @property
     def active(self) -> bool:
         return not self.terminal
 
