@@ -326,10 +326,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         # kube-uvloop: uvloop's loop, chosen as the operator chooses its own.
-        wanted = loops.UVLOOP if args.child == "kube-uvloop" else loops.ASYNCIO
-        factory, kind = loops.loop_factory(wanted)
-        if kind != wanted:
-            raise SystemExit("uvloop cannot be imported here (`make venv` installs it)")
+        factory = harness.exact_loop(loops.UVLOOP if args.child == "kube-uvloop" else loops.ASYNCIO)
         with asyncio.Runner(loop_factory=factory) as runner:
             print(json.dumps(runner.run(child(args.child, args.kubeconfig, args.pods))))
         return

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-from harness import fmt, say, summary, table, write_results
+from harness import exact_loop, fmt, say, summary, table, write_results
 
 from tpu_operator import supervision
 from tpu_operator.runtime import control, loops
@@ -169,11 +169,7 @@ def channel_of(variant: str) -> control.ControlChannel:
 def loop_of(variant: str) -> loops.LoopFactory | None:
     """The event loop a variant's rounds run on, chosen as the operator chooses its own
     (``loops.loop_factory``; None: asyncio's)."""
-    wanted = loops.UVLOOP if variant == "uvloop" else loops.ASYNCIO
-    factory, kind = loops.loop_factory(wanted)
-    if kind != wanted:
-        raise SystemExit(f"{variant}: uvloop cannot be imported here (`make venv` installs it)")
-    return factory
+    return exact_loop(loops.UVLOOP if variant == "uvloop" else loops.ASYNCIO)
 
 
 async def rep_of(variant: str, count: int, attempt: int) -> tuple[float, float, float, float]:

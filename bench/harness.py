@@ -66,13 +66,22 @@ def run_hosts(main: Coroutine[Any, Any, None]) -> str:
     from what is measured. Every variant of a run shares the one driver, so the choice
     moves no baseline apart from what it compares. Refuses to run without uvloop (a silent
     fallback would mislabel the figures)."""
-    factory, kind = loops.loop_factory(loops.UVLOOP)
-    if kind != loops.UVLOOP:
-        raise SystemExit("uvloop cannot be imported here (`make venv` installs it)")
+    factory = exact_loop(loops.UVLOOP)
     collector.tune(collector.DEFAULT_THRESHOLD)  # as the operator collects
     with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(main)
-    return kind
+    return loops.UVLOOP
+
+
+def exact_loop(wanted: str) -> loops.LoopFactory | None:
+    """The factory of event loops of kind ``wanted`` (None: asyncio's own), chosen as the
+    operator chooses its own (``loops.loop_factory``), but never another kind: where
+    uvloop is missing the operator falls back to asyncio's loop, and figures measured on
+    that fallback would be labelled uvloop's."""
+    factory, kind = loops.loop_factory(wanted)
+    if kind != wanted:
+        raise SystemExit(f"{wanted}: uvloop cannot be imported here (`make venv` installs it)")
+    return factory
 
 
 def freeze_heap() -> None:
