@@ -258,6 +258,43 @@ def test_a_restart_drain_is_routine_but_for_the_last_pod_which_wakes_every_slice
 
 
 @pytest.mark.parametrize(
+    ("status", "woken"),
+    [
+        ({"restartKind": "Recreate"}, [("j-0", True, False), ("j-1", True, False)]),
+        (
+            {"restartKind": "Mixed", "recreatedSlices": [1]},
+            [("j-0", False, True), ("j-1", True, False)],
+        ),
+        (
+            {"restartKind": "Mixed", "recreatedSlices": [0, 1]},
+            [("j-0", True, False), ("j-1", True, False)],
+        ),
+    ],
+    ids=["recreation", "mixed: slice 1 recreated, 0 kept", "mixed: both recreated"],
+)
+def test_the_last_old_pod_wakes_the_slices_that_create_pods_urgently_and_the_kept_routinely(
+    tmp_path: Path, status: dict[str, Any], woken: list[tuple[str, bool, bool]]
+) -> None:
+    # Only the slices that create the attempt's pods wait for the barrier; a slice the
+    # mixed restart keeps creates none, and its reconcile must not queue ahead of theirs.
+    indexes = owners(attempt=2)
+    indexes["jobs"][("job", "ml", "j")][0]["status"].update(status)
+    for i, body in enumerate(indexes["slices"][("job", "ml", "j")]):
+        body["spec"] = {"sliceIndex": i}
+    runtime = started(tmp_path / "kubeconfig", indexes)
+    store = runtime.pod_watch.store
+    old = pod("j-1-0", deletionTimestamp="2026-11-24T00:00:00Z")
+    old["metadata"]["labels"][contract.LABEL_SLICE_NAME] = "j-1"
+    store.put(identity_of(old), pod_view(old))
+    store.discard(identity_of(old))
+    runtime.pod_event("DELETED", pod_view(old))  # the last pod of attempt 1
+    wakes = list(zip(runtime.slices.calls, runtime.slices.routine, strict=True))
+    assert wakes[0] == ((("ml", "j-1"), True), False), "its own slice, as any deletion"
+    assert [(key[1], urgent, routine) for (key, urgent), routine in wakes[1:]] == woken
+    assert runtime.jobs.calls == [(("ml", "j"), True)]
+
+
+@pytest.mark.parametrize(
     ("meta", "gone"),
     [
         ({"deletionTimestamp": "2026-11-24T00:00:00Z"}, ()),
