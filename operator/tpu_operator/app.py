@@ -386,7 +386,7 @@ class Runtime:
         for ask in wake.slices:
             self.slices.add(ask.key, urgent=ask.urgent, routine=ask.routine)
         for ask in wake.jobs:
-            self.jobs.add(ask.key, urgent=ask.urgent, routine=ask.routine)
+            self.jobs.add(ask.key, urgent=ask.urgent, routine=ask.routine, at_once=ask.at_once)
         if wake.waiting:
             self.wake_waiting()
 

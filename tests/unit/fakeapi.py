@@ -86,21 +86,29 @@ def _selected(labels: Mapping[str, str], selector: str) -> bool:
 
 class QueueRecorder:
     """A work queue that records what was asked of it (``WorkQueue.add``): each key with
-    whether it was urgent, and, in step, whether it was routine."""
+    whether it was urgent, and, in step, whether it was routine and whether at once."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, bool]] = []
         self.routine: list[bool] = []
+        self.at_once: list[bool] = []
 
     @property
     def keys(self) -> list[Any]:
         return [key for key, _ in self.calls]
 
     def add(
-        self, key: Any, after: float = 0.0, *, urgent: bool = False, routine: bool = False
+        self,
+        key: Any,
+        after: float = 0.0,
+        *,
+        urgent: bool = False,
+        routine: bool = False,
+        at_once: bool = False,
     ) -> None:
         self.calls.append((key, urgent))
         self.routine.append(routine)
+        self.at_once.append(at_once)
 
 
 @dataclass

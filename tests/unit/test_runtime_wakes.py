@@ -426,7 +426,8 @@ def test_the_last_pod_of_a_recreated_slice_to_run_lifts_the_in_place_barrier_at_
         view = pod_view(body)
         store.put(identity_of(body), view)
         runtime.pod_event("MODIFIED", view)
-        seen.append(runtime.jobs.calls[-1][1])
+        seen.append((runtime.jobs.calls[-1][1], runtime.jobs.at_once[-1]))
     assert runtime.caches.unstarted_in_slice("ml", slice_name, 2) == 0
     assert runtime.caches.unready_in_slice("ml", slice_name, 2) == 2  # none is ready
-    assert seen == [False, urgent]
+    # Urgent, and at once: a job of thousands of pods does not wait for its spacing.
+    assert seen == [(False, False), (urgent, urgent)]

@@ -208,6 +208,58 @@ def test_a_quiet_key_reacts_at_once_and_other_keys_are_not_spaced():
     assert latency < 0.05
 
 
+@pytest.mark.parametrize(
+    ("asks", "order"),
+    [
+        # (key, urgent) in the order added while the one worker is busy with "busy".
+        ([("a", False), ("b", False), ("c", False)], ["a", "b", "c"]),
+        ([("a", False), ("b", False), ("c", True)], ["c", "a", "b"]),
+        # Due already, "b" moves ahead when an urgent event for it comes.
+        ([("a", False), ("b", False), ("c", False), ("b", True)], ["b", "a", "c"]),
+        ([("a", True), ("b", False), ("c", True)], ["a", "c", "b"]),
+    ],
+    ids=["in order", "urgent first", "moved ahead", "urgent in order"],
+)
+def test_due_keys_run_in_order_but_those_an_urgent_event_asked_for_go_first(asks, order):
+    async def scenario() -> list[str]:
+        handler = Recorder(hold=0.05)
+        queue: WorkQueue[str] = WorkQueue("t", handler, workers=1)
+        queue.start()
+        queue.add("busy")
+        await asyncio.sleep(0.02)  # the only worker holds "busy"
+        for key, urgent in asks:
+            queue.add(key, urgent=urgent)
+        await asyncio.sleep(0.4)
+        await queue.stop()
+        return [k for k, _ in handler.calls]
+
+    assert run(scenario()) == ["busy", *order]
+
+
+def test_an_event_at_once_waits_for_no_spacing_and_only_once():
+    async def scenario() -> list[float]:
+        handler = Recorder()
+        queue: WorkQueue[str] = WorkQueue("t", handler, spacing=lambda _key, _changes: 0.5)
+        queue.start()
+        queue.add("a")
+        await asyncio.sleep(0.05)
+        queue.add("a", urgent=True)  # an urgent event still waits for the spacing
+        await asyncio.sleep(0.1)
+        assert len(handler.calls) == 1
+        queue.add("a", at_once=True)  # this one does not
+        await asyncio.sleep(0.05)
+        assert len(handler.calls) == 2
+        queue.add("a", urgent=True)  # and the next waits again, from that reconcile
+        await asyncio.sleep(0.8)
+        await queue.stop()
+        return [t - handler.calls[0][1] for _, t in handler.calls]
+
+    times = run(scenario())
+    assert len(times) == 3
+    assert times[1] < 0.45, "the event at once waited for the spacing"
+    assert times[2] - times[1] >= 0.49
+
+
 def test_a_failed_reconcile_is_retried_with_backoff():
     async def scenario() -> list[float]:
         handler = Recorder(fail_first=2)

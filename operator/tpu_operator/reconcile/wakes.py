@@ -10,8 +10,9 @@ create pods, routine for those a mixed restart keeps (they create none; at 4,096
 their 63 reconciles queued ahead of the one slice it recreates). The event that makes the
 last pod of one slice of a job ready is not routine for that slice: it moves the slice's
 phase. In a mixed restart, the event that makes the last pod of a recreated slice run
-(its supervisor waiting for the start, so not ready) is urgent for the job: it may lift
-the in-place barrier, after which the job starts every process of the attempt. Owners
+(its supervisor waiting for the start, so not ready) is urgent for the job, and waits
+for no spacing: it may lift the in-place barrier, after which the job starts every
+process of the attempt. Owners
 that are gone or being deleted are not woken: while a deleted job's thousands of pods go,
 each of their events would otherwise be a reconcile.
 
@@ -21,7 +22,7 @@ each of their events would otherwise be a reconcile.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tpu_operator.api.status import Phase, RestartKind
@@ -34,11 +35,13 @@ Key = tuple[str, str]
 
 @dataclass(frozen=True)
 class Ask:
-    """One reconcile asked for: its key, and whether it is urgent or routine."""
+    """One reconcile asked for: its key, and whether it is urgent or routine, or waits
+    for no spacing (``runtime/workqueue.WorkQueue.add``)."""
 
     key: Key
     urgent: bool = False
     routine: bool = False
+    at_once: bool = False
 
 
 @dataclass
@@ -149,8 +152,11 @@ def pod_wake(caches: Caches, type: str | None, view: PodView) -> Wake:
     urgent = type == "DELETED" or may_end_attempt(view) or _completes(caches, view)
     if urgent and not last and _left_behind(caches, view):
         urgent = False
-    if not urgent and view.job_owned and type is not None:
-        urgent = _lifts_in_place_barrier(caches, view)
+    # Once per recreated slice and restart: the job starts the attempt's processes now,
+    # not after a large job's reconcile spacing (0.41 s at 4,096 pods).
+    lifts = not urgent and view.job_owned and type is not None
+    lifts = lifts and _lifts_in_place_barrier(caches, view)
+    urgent = urgent or lifts
     # The last pod of one slice of a multislice job became ready: the slice says it is
     # Running now, not after a slice of an N-slice job's longer settle time (up to 10 s);
     # its job, still waiting for other slices, takes it as routine progress.
@@ -158,6 +164,8 @@ def pod_wake(caches: Caches, type: str | None, view: PodView) -> Wake:
     wake = _owners(
         caches, view, urgent=urgent, routine=not urgent, slice_routine=not (urgent or prompt)
     )
+    if lifts:
+        wake.jobs = [replace(ask, at_once=True) for ask in wake.jobs]
     if last and live(caches.job(view.namespace, view.job_name)):
         # The gang's barrier may have lifted: every slice of the job creates the next
         # attempt's pods once no pod of an older one is left (reconcile/slices.py). A

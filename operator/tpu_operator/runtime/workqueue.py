@@ -28,6 +28,14 @@ spec change, a failure, the last pod of a gang becoming ready) is not held back.
 ``settle_of``, if given, says per key how long (a slice of a multislice job settles
 longer: ``pacing.shared_interval``).
 
+Keys that are due run in the order they became due, but a key an urgent event asked for
+goes ahead of the others (as controller-runtime's priority queue puts the keys of
+watch events ahead of those of a resync): when a job's restart writes all its slices at
+once, the slice whose pods the restart recreates must not wait behind the reconciles of
+the 63 others, which only record that they keep theirs (at 4,096 hosts it started 0.6 s
+later). ``add(..., at_once=True)``: an event that by itself decides the next step, once
+per step (a mixed restart's barrier lifting), waits for no spacing either.
+
 ``deadline``: a reconcile that runs longer is cancelled, logged (with what to look at) and
 retried with the failure backoff. Cancelling one is safe anywhere: a reconcile commits its
 decision to the object's status in one write before it acts, and every act is idempotent,
@@ -62,6 +70,9 @@ Spacing = Callable[[K, int | None], float]
 began (None: one of them was urgent)."""
 
 log = logging.getLogger(__name__)
+
+URGENT, ORDINARY = 0, 1
+"""Priorities of due keys (``WorkQueue._put``): lower runs first."""
 
 
 def retry_delay(
@@ -109,8 +120,10 @@ class WorkQueue(Generic[K]):
         self._max_retry = max_retry
         self._observer = observer
         self._quiet = quiet
-        self._ready: asyncio.Queue[K] = asyncio.Queue()
-        self._queued: set[K] = set()
+        self._ready: asyncio.PriorityQueue[tuple[int, int, K]] = asyncio.PriorityQueue()
+        self._queued: dict[K, int] = {}
+        """Keys due to run, each with the priority of its entry in ``_ready`` (an entry
+        of another priority is left behind by a key moved ahead, and skipped)."""
         self._running: set[K] = set()
         self._dirty: set[K] = set()
         self._failures: dict[K, int] = {}
@@ -118,6 +131,9 @@ class WorkQueue(Generic[K]):
         """Events for each key since its last reconcile began."""
         self._urgent: set[K] = set()
         """Keys asked for by an urgent event since their last reconcile began."""
+        self._at_once: set[K] = set()
+        """Keys asked for by an event that waits for no spacing since their last
+        reconcile began."""
         self._prompt: set[K] = set()
         """Keys asked for by an event that is neither urgent nor routine since their last
         reconcile began (``settle`` does not apply to them)."""
@@ -131,18 +147,37 @@ class WorkQueue(Generic[K]):
         self._tasks: list[asyncio.Task[None]] = []
 
     def add(
-        self, key: K, after: float = 0.0, *, urgent: bool = False, routine: bool = False
+        self,
+        key: K,
+        after: float = 0.0,
+        *,
+        urgent: bool = False,
+        routine: bool = False,
+        at_once: bool = False,
     ) -> None:
         """Reconcile ``key`` (again), now or after ``after`` seconds. Without a delay this
         is an event: it counts towards the key's changes (``spacing``); an ``urgent`` one
-        waits for no more of them, a ``routine`` one may wait for ``settle``."""
+        waits for no more of them and goes ahead of keys no urgent event asked for, a
+        ``routine`` one may wait for ``settle``, an ``at_once`` one (urgent too) waits for
+        no spacing at all."""
         if after <= 0:
             self._changes[key] = self._changes.get(key, 0) + 1
-            if urgent:
+            if urgent or at_once:
                 self._urgent.add(key)
             elif not routine:
                 self._prompt.add(key)
+            if at_once:
+                self._at_once.add(key)
         self._schedule(key, after)
+
+    def _put(self, key: K) -> None:
+        """Make ``key`` due now: ahead of the others if an urgent event asked for it; a
+        key already due moves ahead when an urgent event comes."""
+        priority = URGENT if key in self._urgent else ORDINARY
+        if self._queued.get(key, ORDINARY + 1) <= priority:
+            return
+        self._queued[key] = priority
+        self._ready.put_nowait((priority, next(self._counter), key))
 
     def _schedule(self, key: K, after: float) -> None:
         spaced = after <= 0  # an event waiting for its spacing, not a requested delay
@@ -151,11 +186,11 @@ class WorkQueue(Generic[K]):
                 self._dirty.add(key)
                 return
             if key in self._queued:
+                self._put(key)  # moved ahead if an urgent event asked for it
                 return
             after = self._spacing(key)
             if after <= 0:
-                self._queued.add(key)
-                self._ready.put_nowait(key)
+                self._put(key)
                 return
         due = time.monotonic() + after
         current = self._due.get(key)
@@ -178,7 +213,7 @@ class WorkQueue(Generic[K]):
         ``spacing``, or of ``settle`` if only routine events asked) since its last
         reconcile finished."""
         age = self._finished.age(key)
-        if age is None:
+        if age is None or key in self._at_once:
             return 0.0
         wanted = self.min_interval
         urgent = key in self._urgent
@@ -220,11 +255,14 @@ class WorkQueue(Generic[K]):
 
     async def _work(self) -> None:
         while True:
-            key = await self._ready.get()
-            self._queued.discard(key)
+            priority, _, key = await self._ready.get()
+            if self._queued.get(key) != priority:
+                continue  # left behind when the key moved ahead (or ran already)
+            del self._queued[key]
             self._running.add(key)
             self._changes.pop(key, None)  # this reconcile sees them all
             self._urgent.discard(key)
+            self._at_once.discard(key)
             self._prompt.discard(key)
             if key in self._spaced:  # this reconcile sees what the spaced wake waited for
                 self._spaced.discard(key)
