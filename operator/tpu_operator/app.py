@@ -38,7 +38,7 @@ from tpu_operator.reconcile.pacing import (
 from tpu_operator.reconcile.pools import slice_pool_records
 from tpu_operator.reconcile.slices import SliceReconciler
 from tpu_operator.reconcile.supervisors import Supervisors
-from tpu_operator.reconcile.wakes import Wake, node_wake, pod_wake, waiting_for_pools
+from tpu_operator.reconcile.wakes import Wake, node_wake, pod_wake, routine, waiting_for_pools
 from tpu_operator.runtime import collector
 from tpu_operator.runtime.audit import CacheAudit, Source
 from tpu_operator.runtime.caches import Caches, Index, slice_sharing
@@ -366,16 +366,22 @@ class Runtime:
         await self._all_listed()
         self.start()
 
-    def pod_event(self, type: str | None, view: PodView) -> None:
+    def pod_event(self, type: str | None, view: PodView, *, refiled: bool = False) -> None:
         """A worker pod changed (``type`` None: listed): keep its tombstone, and wake what
-        the gang's rules say (``reconcile/wakes.pod_wake``)."""
+        the gang's rules say (``reconcile/wakes.pod_wake``). ``refiled``: the pod did not
+        change, its slice's record did (``slice_known``), and that record's event woke the
+        slice and its job already: what the pod asks is routine progress at most. When a
+        restart writes that 63 slices of 4,096 hosts carry their pods in place, each of
+        the 4,032 pods otherwise looked like the last of its attempt to turn ready, and
+        woke its slice urgently, ahead of the slice the restart recreates."""
         if view.own:
             if type == "DELETED":
                 self.caches.tombstones.record(view)  # a standby keeps them too
             elif view.pool is not None:
                 self.context.pods_in_flight.seen(view)
         if self.acting:
-            self._wake(pod_wake(self.caches, type, view))
+            wake = pod_wake(self.caches, type, view)
+            self._wake(routine(wake) if refiled else wake)
 
     def pod_replaced(self, old: PodView, new: PodView) -> None:
         """A worker pod's cached view changed: a scheduler may have looked at it."""
@@ -436,7 +442,7 @@ class Runtime:
             refiled = refile(view, owners)
             if refiled is not view:
                 store.put((view.namespace, view.name, view.uid), refiled)
-                self.pod_event(None, refiled)
+                self.pod_event(None, refiled, refiled=True)
 
     def asks(self, kind: str, key: tuple[str, str], type: str | None, body: Any) -> bool:
         """Whether an event of a TPUJob or TPUSlice asks for its own reconcile: not when

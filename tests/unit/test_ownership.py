@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.unit.fakeapi import NS, FakeCluster, ManualClock
+from tests.unit.test_runtime_wakes import owners as job_indexes
 from tests.unit.test_runtime_wakes import started
 from tpu_operator import contract
 from tpu_operator.builders.pods import NodePlacement, Owner, worker_pod
@@ -165,6 +166,30 @@ def test_a_slices_pods_are_filed_again_when_it_carries_them_into_another_attempt
     recreated["spec"] = {"attempt": 3}
     runtime.slice_known(recreated)
     assert set(runtime.caches.attempts_of_job("ml", "j")) == {1}
+
+
+def test_pods_filed_again_wake_their_slice_and_job_only_as_routine_progress(tmp_path: Path):
+    """A pod filed into the attempt its slice now carries it into did not change: the
+    slice's event woke the slice and its job already. Each ready pod of the carried
+    slice looked like the last of its attempt to turn ready, and woke both urgently."""
+    runtime = started(tmp_path / "kubeconfig", job_indexes(attempt=2))
+    owners = runtime.caches.owners
+    runtime.slice_known(slice_body("j-0", "s0", ("j", "u")))
+    store = runtime.pod_watch.store
+    for name in ("j-0-0", "j-0-1"):
+        body = raw_pod(name, "s0")
+        body["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        view = pod_view(body, owners.ownership, owners.carried)
+        assert view is not None and view.ready
+        store.put(("ml", name, f"u-{name}"), view)
+    carried = slice_body("j-0", "s0", ("j", "u"))
+    carried["spec"] = {"attempt": 2, "inPlaceFrom": 1}
+    runtime.slice_known(carried)
+    assert {p.attempt for p in runtime.caches.pods_of_slice("ml", "j-0")} == {2}
+    for queue in (runtime.slices, runtime.jobs):
+        assert queue.calls, "the refiled pods woke nothing"
+        assert not any(urgent for _, urgent in queue.calls)
+        assert all(queue.routine)
 
 
 def test_the_templates_operator_labels_and_annotations_are_not_passed_through():

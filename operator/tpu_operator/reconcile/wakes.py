@@ -123,6 +123,15 @@ def _kept(job: dict[str, Any], index: Any) -> bool:
     return status.get("restartKind") == RestartKind.MIXED and index not in recreated
 
 
+def routine(wake: Wake) -> Wake:
+    """``wake`` with every reconcile it asks for taken as routine progress."""
+    return Wake(
+        slices=[Ask(ask.key, routine=True) for ask in wake.slices],
+        jobs=[Ask(ask.key, routine=True) for ask in wake.jobs],
+        waiting=wake.waiting,
+    )
+
+
 def _owners(
     caches: Caches, pod: PodView, *, urgent: bool, routine: bool, slice_routine: bool
 ) -> Wake:
