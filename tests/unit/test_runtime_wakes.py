@@ -431,3 +431,43 @@ def test_the_last_pod_of_a_recreated_slice_to_run_lifts_the_in_place_barrier_at_
     assert runtime.caches.unready_in_slice("ml", slice_name, 2) == 2  # none is ready
     # Urgent, and at once: a job of thousands of pods does not wait for its spacing.
     assert seen == [(False, False), (urgent, urgent)]
+
+
+def test_the_barrier_lifts_at_once_though_the_new_pods_look_like_stopped_processes(
+    tmp_path: Path,
+) -> None:
+    # A new pod whose supervisor waits for the start turned not ready in the second its
+    # container started: to the gang it looks like a process that stopped, which makes
+    # each of its events urgent. The last one to run still lifts the barrier at once.
+    indexes = owners(attempt=2)
+    indexes["jobs"][("job", "ml", "j")][0]["status"].update(
+        {"phase": "Starting", "restartKind": "Mixed", "recreatedSlices": [1]}
+    )
+    runtime = started(tmp_path / "kubeconfig", indexes)
+    store = runtime.pod_watch.store
+    bodies = [pod(f"j-1-{i}", phase="Pending") for i in range(2)]
+    for i, body in enumerate(bodies):
+        body["metadata"]["annotations"] = {contract.ANNOTATION_SUPERVISED: "true"}
+        labels = body["metadata"]["labels"]
+        labels[contract.LABEL_SLICE_NAME] = "j-1"
+        labels[contract.LABEL_RESTART_ATTEMPT] = "2"
+        labels[contract.LABEL_WORKER_INDEX] = str(i)
+        labels[contract.LABEL_SLICE_INDEX] = "1"
+        store.put(identity_of(body), pod_view(body))
+    seen = []
+    for i, body in enumerate(bodies):
+        at = "2026-12-07T10:00:00Z"
+        body["status"].update(
+            phase="Running",
+            podIP=f"10.0.0.{i + 1}",
+            conditions=[{"type": "Ready", "status": "False", "lastTransitionTime": at}],
+            containerStatuses=[
+                {"name": contract.WORKER_CONTAINER, "state": {"running": {"startedAt": at}}}
+            ],
+        )
+        view = pod_view(body)
+        assert view.process_stopped
+        store.put(identity_of(body), view)
+        runtime.pod_event("MODIFIED", view)
+        seen.append((runtime.jobs.calls[-1][1], runtime.jobs.at_once[-1]))
+    assert seen == [(True, False), (True, True)]

@@ -162,9 +162,10 @@ def pod_wake(caches: Caches, type: str | None, view: PodView) -> Wake:
     if urgent and not last and _left_behind(caches, view):
         urgent = False
     # Once per recreated slice and restart: the job starts the attempt's processes now,
-    # not after a large job's reconcile spacing (0.41 s at 4,096 pods).
-    lifts = not urgent and view.job_owned and type is not None
-    lifts = lifts and _lifts_in_place_barrier(caches, view)
+    # not after a large job's reconcile spacing (0.41 s at 4,096 pods). Whether or not
+    # the event is urgent anyway: a new pod whose supervisor waits for the start is not
+    # ready since its container started (to the second), as a stopped process's is.
+    lifts = view.job_owned and type is not None and _lifts_in_place_barrier(caches, view)
     urgent = urgent or lifts
     # The last pod of one slice of a multislice job became ready: the slice says it is
     # Running now, not after a slice of an N-slice job's longer settle time (up to 10 s);
