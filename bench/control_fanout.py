@@ -3,8 +3,11 @@ in-place or mixed restart sends them, side by side, interleaved, in one run:
 
 - ``uvloop``: the operator's client (``runtime/control.ControlChannel``: plain HTTP/1.1 on
   asyncio streams) on uvloop's event loop, as the operator runs by default
-  (``runtime/loops.py``);
-- ``channel``: the same client on asyncio's own loop (``--event-loop asyncio``);
+  (``runtime/loops.py``), sending as the operator does: ``control.fan_out``, as many
+  workers as a job may have requests in flight;
+- ``tasks``: the same, but a task per request, all made at once
+  (``asyncio.gather``), as the operator sent them before ``fan_out``;
+- ``channel``: the client on asyncio's own loop (``--event-loop asyncio``);
 - ``aiohttp``: the channel with aiohttp's client for its transport (a connection per
   request, as the channel was before: ``AiohttpChannel``), on asyncio's loop.
 
@@ -39,10 +42,10 @@ from tpu_operator.runtime import control, loops
 
 JOB_UID = "bench-job-uid"
 MASTER = b"bench-control-fanout-master-key!"
-VARIANTS = ("uvloop", "channel", "aiohttp")
-"""The operator's channel on uvloop (as the operator runs by default), the same on
-asyncio's loop, and the channel with aiohttp's client on asyncio's loop (as it was before
-the channel had its own transport)."""
+VARIANTS = ("uvloop", "tasks", "channel", "aiohttp")
+"""The operator's channel on uvloop (as the operator runs by default), the same with a
+task per request, the channel on asyncio's loop, and the channel with aiohttp's client on
+asyncio's loop (as it was before the channel had its own transport)."""
 
 
 def address(i: int) -> str:
@@ -150,12 +153,19 @@ class AiohttpChannel(control.ControlChannel):
 Send = Callable[[int, int], Awaitable[object]]
 
 
-async def round_of(count: int, send: Send, attempt: int) -> tuple[float, float, int]:
-    """Wall seconds, CPU seconds and errors of one request to each supervisor."""
+async def round_of(
+    count: int, send: Send, attempt: int, tasks: bool = False
+) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds and errors of one request to each supervisor, sent as
+    the operator sends them (``control.fan_out``) or with a task each (``tasks``)."""
     started, used = time.monotonic(), cpu()
-    results = await asyncio.gather(
-        *(send(i, attempt) for i in range(count)), return_exceptions=True
-    )
+    results: list[object]
+    if tasks:
+        results = await asyncio.gather(
+            *(send(i, attempt) for i in range(count)), return_exceptions=True
+        )
+    else:
+        results = await control.fan_out(range(count), lambda i: send(i, attempt))
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         say(f"  {len(errors)} errors, the first: {errors[0]!r}")
@@ -169,7 +179,7 @@ def channel_of(variant: str) -> control.ControlChannel:
 def loop_of(variant: str) -> loops.LoopFactory | None:
     """The event loop a variant's rounds run on, chosen as the operator chooses its own
     (``loops.loop_factory``; None: asyncio's)."""
-    return exact_loop(loops.UVLOOP if variant == "uvloop" else loops.ASYNCIO)
+    return exact_loop(loops.UVLOOP if variant in ("uvloop", "tasks") else loops.ASYNCIO)
 
 
 async def rep_of(variant: str, count: int, attempt: int) -> tuple[float, float, float, float]:
@@ -177,11 +187,18 @@ async def rep_of(variant: str, count: int, attempt: int) -> tuple[float, float, 
     running loop: wall and CPU seconds of each."""
     channel = channel_of(variant)
     try:
+        tasks = variant == "tasks"
         stop_s, stop_cpu, stop_errors = await round_of(
-            count, lambda i, a: channel.stop(JOB_UID, f"uid-{i}", address(i), a, 25.0), attempt
+            count,
+            lambda i, a: channel.stop(JOB_UID, f"uid-{i}", address(i), a, 25.0),
+            attempt,
+            tasks,
         )
         start_s, start_cpu, start_errors = await round_of(
-            count, lambda i, a: channel.start(JOB_UID, f"uid-{i}", address(i), a, {}), attempt + 1
+            count,
+            lambda i, a: channel.start(JOB_UID, f"uid-{i}", address(i), a, {}),
+            attempt + 1,
+            tasks,
         )
     finally:
         await channel.close()
@@ -246,13 +263,20 @@ def main() -> None:
             [
                 what,
                 *(fmt(median[v], 3) for v in VARIANTS),
+                fmt(median["uvloop"] / median["tasks"], 2),
                 fmt(median["uvloop"] / median["channel"], 2),
                 fmt(median["channel"] / median["aiohttp"], 2),
             ]
         )
     print(
         table(
-            ["figure (median)", *VARIANTS, "uvloop / channel", "channel / aiohttp"],
+            [
+                "figure (median)",
+                *VARIANTS,
+                "uvloop / tasks",
+                "uvloop / channel",
+                "channel / aiohttp",
+            ],
             rows,
         )
     )

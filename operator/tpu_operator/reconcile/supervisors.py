@@ -25,7 +25,6 @@ Two halves, both driven by the TPUJob reconciler:
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 import time
@@ -33,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tpu_operator import contract
-from tpu_operator.runtime.control import ControlChannel, ControlError, ProcessState
+from tpu_operator.runtime.control import ControlChannel, ControlError, ProcessState, fan_out
 from tpu_operator.runtime.kube import Kube
 from tpu_operator.state.gang import ProcessReport
 from tpu_operator.state.views import PodView
@@ -169,10 +168,7 @@ class Supervisors:
                 continue
             ask.append(pod)
         if ask:
-            results = await asyncio.gather(
-                *(self.channel.status(job_uid, p.uid, p.pod_ip) for p in ask),
-                return_exceptions=True,
-            )
+            results = await fan_out(ask, lambda p: self.channel.status(job_uid, p.uid, p.pod_ip))
             for pod, result in zip(ask, results, strict=True):
                 asked = self._asked[pod.uid]
                 asked.at = now
@@ -301,9 +297,8 @@ class Supervisors:
         """Stop every process older than ``attempt`` in ``pods``; record the confirmed
         (a process still ``stopping`` is asked about again on the next pass)."""
         stopped = _current(self._stopped, job_uid, attempt)
-        results = await asyncio.gather(
-            *(self.channel.stop(job_uid, p.uid, p.pod_ip, attempt - 1, grace) for p in pods),
-            return_exceptions=True,
+        results = await fan_out(
+            pods, lambda p: self.channel.stop(job_uid, p.uid, p.pod_ip, attempt - 1, grace)
         )
         for pod, result in zip(pods, results, strict=True):
             if isinstance(result, ProcessState):
@@ -325,9 +320,8 @@ class Supervisors:
         self, job_uid: str, pods: list[PodView], attempt: int, started: set[str]
     ) -> None:
         env = {contract.ENV_RESTART_ATTEMPT: str(attempt)}
-        results = await asyncio.gather(
-            *(self.channel.start(job_uid, p.uid, p.pod_ip, attempt, env) for p in pods),
-            return_exceptions=True,
+        results = await fan_out(
+            pods, lambda p: self.channel.start(job_uid, p.uid, p.pod_ip, attempt, env)
         )
         now = self._now()
         for pod, result in zip(pods, results, strict=True):
@@ -368,12 +362,9 @@ class Supervisors:
         ]
         if not targets:
             return 0
-        results = await asyncio.gather(
-            *(
-                self.channel.checkpoint(job_uid, p.uid, p.pod_ip, attempt, request_id)
-                for p in targets
-            ),
-            return_exceptions=True,
+        results = await fan_out(
+            targets,
+            lambda p: self.channel.checkpoint(job_uid, p.uid, p.pod_ip, attempt, request_id),
         )
         asked = 0
         for pod, result in zip(targets, results, strict=True):

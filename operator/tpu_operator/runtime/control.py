@@ -31,14 +31,16 @@ import ipaddress
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tpu_operator import contract, supervision
 
 log = logging.getLogger(__name__)
+X = TypeVar("X")
+R = TypeVar("R")
 
 CONCURRENCY = 128
 """Requests in flight at once, over all jobs (a 1,024-host restart sends 2 per pod)."""
@@ -183,6 +185,29 @@ def load_master_key(path: str | None) -> bytes:
         "operator restart, running jobs restart by recreating pods rather than in place"
     )
     return secrets.token_bytes(KEY_BYTES)
+
+
+async def fan_out(
+    items: Sequence[X], call: Callable[[X], Awaitable[R]], limit: int = PER_JOB
+) -> list[R | Exception]:
+    """``call`` on every item, ``limit`` at a time (by that many workers, not a task per
+    item), the results in the items' order with an exception in place of a result, as
+    ``asyncio.gather(..., return_exceptions=True)`` gives them; cancellation propagates.
+    One job's requests are bounded by ``PER_JOB`` anyway: a task per pod only queued on
+    the channel's semaphore, and a restart of 4,096 pods made 4,096 tasks (about 0.2 s at
+    4,096 hosts) before its first request went out."""
+    results: list[R | Exception] = [RuntimeError("not called")] * len(items)
+    pending = iter(range(len(items)))
+
+    async def worker() -> None:
+        for index in pending:
+            try:
+                results[index] = await call(items[index])
+            except Exception as exc:  # handed to the caller, as gather hands it
+                results[index] = exc
+
+    await asyncio.gather(*(worker() for _ in range(min(limit, len(items)))))
+    return results
 
 
 class ControlChannel:
