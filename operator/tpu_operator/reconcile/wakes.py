@@ -12,9 +12,8 @@ last pod of one slice of a job ready is not routine for that slice: it moves the
 phase. In a mixed restart, the event that makes the last pod of a recreated slice run
 (its supervisor waiting for the start, so not ready) is urgent for the job, and waits
 for no spacing: it may lift the in-place barrier, after which the job starts every
-process of the attempt. Owners
-that are gone or being deleted are not woken: while a deleted job's thousands of pods go,
-each of their events would otherwise be a reconcile.
+process of the attempt. Owners that are gone or being deleted are not woken: while a
+deleted job's thousands of pods go, each of their events would otherwise be a reconcile.
 
 ``pod_wake`` and ``node_wake`` decide from the caches; the runtime enqueues what they say.
 """
