@@ -79,6 +79,22 @@ def pod(name: str = "j-0-0", **status: Any) -> dict[str, Any]:
     }
 
 
+def new_pods(store: Any, slice_name: str, **meta: Any) -> list[dict[str, Any]]:
+    """Two Pending pods of attempt 2 in job j's slice ``slice_name``, put in the pod store;
+    ``meta`` goes into the metadata of each."""
+    index = slice_name.rsplit("-", 1)[1]
+    bodies = [pod(f"j-{index}-{i}", phase="Pending") for i in range(2)]
+    for i, body in enumerate(bodies):
+        body["metadata"].update(meta)
+        labels = body["metadata"]["labels"]
+        labels[contract.LABEL_SLICE_NAME] = slice_name
+        labels[contract.LABEL_RESTART_ATTEMPT] = "2"
+        labels[contract.LABEL_WORKER_INDEX] = str(i)
+        labels[contract.LABEL_SLICE_INDEX] = index
+        store.put(identity_of(body), pod_view(body))
+    return bodies
+
+
 @pytest.mark.parametrize(
     ("type_", "body", "urgent"),
     [
@@ -410,15 +426,7 @@ def test_the_last_pod_of_a_recreated_slice_to_run_lifts_the_in_place_barrier_at_
     indexes["jobs"][("job", "ml", "j")][0]["status"].update(status)
     runtime = started(tmp_path / "kubeconfig", indexes)
     store = runtime.pod_watch.store
-    index = slice_name.rsplit("-", 1)[1]
-    bodies = [pod(f"j-{index}-{i}", phase="Pending") for i in range(2)]
-    for i, body in enumerate(bodies):
-        labels = body["metadata"]["labels"]
-        labels[contract.LABEL_SLICE_NAME] = slice_name
-        labels[contract.LABEL_RESTART_ATTEMPT] = "2"
-        labels[contract.LABEL_WORKER_INDEX] = str(i)
-        labels[contract.LABEL_SLICE_INDEX] = index
-        store.put(identity_of(body), pod_view(body))
+    bodies = new_pods(store, slice_name)
     assert runtime.caches.unstarted_in_slice("ml", slice_name, 2) == 2
     seen = []
     for i, body in enumerate(bodies):
@@ -445,15 +453,7 @@ def test_the_barrier_lifts_at_once_though_the_new_pods_look_like_stopped_process
     )
     runtime = started(tmp_path / "kubeconfig", indexes)
     store = runtime.pod_watch.store
-    bodies = [pod(f"j-1-{i}", phase="Pending") for i in range(2)]
-    for i, body in enumerate(bodies):
-        body["metadata"]["annotations"] = {contract.ANNOTATION_SUPERVISED: "true"}
-        labels = body["metadata"]["labels"]
-        labels[contract.LABEL_SLICE_NAME] = "j-1"
-        labels[contract.LABEL_RESTART_ATTEMPT] = "2"
-        labels[contract.LABEL_WORKER_INDEX] = str(i)
-        labels[contract.LABEL_SLICE_INDEX] = "1"
-        store.put(identity_of(body), pod_view(body))
+    bodies = new_pods(store, "j-1", annotations={contract.ANNOTATION_SUPERVISED: "true"})
     seen = []
     for i, body in enumerate(bodies):
         at = "2026-12-07T10:00:00Z"

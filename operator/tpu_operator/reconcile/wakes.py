@@ -20,7 +20,7 @@ deleted job's thousands of pods go, each of their events would otherwise be a re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -105,21 +105,22 @@ def _lifts_in_place_barrier(caches: Caches, view: PodView) -> bool:
     if not _none_left(caches.unstarted_in_slice(view.namespace, view.slice_name, view.attempt)):
         return False
     status = (caches.job(view.namespace, view.job_name) or {}).get("status") or {}
+    recreated = _mixed_recreates(status)
     return (
         status.get("attempt") == view.attempt
         and status.get("phase") != Phase.RUNNING
-        and status.get("restartKind") == RestartKind.MIXED
-        and view.slice_index in (status.get("recreatedSlices") or ())
+        and recreated is not None
+        and view.slice_index in recreated
     )
 
 
-def _kept(job: dict[str, Any], index: Any) -> bool:
-    """Whether the job's restart keeps the pods of its slice ``index`` (the slice carries
-    them into the attempt in place, and creates none): in a mixed restart, every slice it
-    does not recreate. From the job's status, committed before its slices are written."""
-    status = job.get("status") or {}
-    recreated = status.get("recreatedSlices") or ()
-    return status.get("restartKind") == RestartKind.MIXED and index not in recreated
+def _mixed_recreates(status: dict[str, Any]) -> Collection[Any] | None:
+    """The indexes of the slices a job's mixed restart recreates (every other slice keeps
+    its pods, carrying them into the attempt in place); None unless its status says a
+    mixed restart. The job commits its status before it writes its slices."""
+    if status.get("restartKind") != RestartKind.MIXED:
+        return None
+    return status.get("recreatedSlices") or ()
 
 
 def routine(wake: Wake) -> Wake:
@@ -175,17 +176,19 @@ def pod_wake(caches: Caches, type: str | None, view: PodView) -> Wake:
     )
     if lifts:
         wake.jobs = [replace(ask, at_once=True) for ask in wake.jobs]
-    if last and live(caches.job(view.namespace, view.job_name)):
+    job = caches.job(view.namespace, view.job_name) if last else None
+    if last and live(job):
         # The gang's barrier may have lifted: every slice of the job creates the next
         # attempt's pods once no pod of an older one is left (reconcile/slices.py). A
-        # slice that carries its pods into the attempt in place creates none: what it
-        # has to say (no longer waiting for that drain) is routine progress, and its
-        # reconcile must not queue ahead of those that create pods.
-        job = caches.job(view.namespace, view.job_name) or {}
+        # slice a mixed restart keeps carries its pods into the attempt in place and
+        # creates none: what it has to say (no longer waiting for that drain) is routine
+        # progress, and its reconcile must not queue ahead of those that create pods.
+        recreated = _mixed_recreates((job or {}).get("status") or {})
         for body in caches.slices_of_job(view.namespace, view.job_name):
             name = (body.get("metadata") or {}).get("name")
             if isinstance(name, str) and live(body):
-                carries = _kept(job, (body.get("spec") or {}).get("sliceIndex", 0))
+                index = (body.get("spec") or {}).get("sliceIndex", 0)
+                carries = recreated is not None and index not in recreated
                 wake.slices.append(Ask((view.namespace, name), not carries, carries))
     wake.waiting = _pool_freed(caches, type, view)
     return wake
